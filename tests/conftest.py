@@ -1,0 +1,99 @@
+"""Shared fixtures. Every test gets its own ZENEDGE_HOME and ZENEDGE_CONFIG: no test touches a real home."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("ZENEDGE_HOME", str(home))
+    monkeypatch.setenv("ZENEDGE_CONFIG", str(tmp_path / "config" / "config.toml"))
+    monkeypatch.delenv("ZENEDGE_TOKEN", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_base_dir(tmp_path_factory) -> Path:
+    """A tiny random llama saved as a Hugging Face directory (config.json + safetensors)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
+                         tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    path = tmp_path_factory.mktemp("tiny-base")
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def tiny_module_shapes(base_dir: Path) -> dict[str, tuple[int, int]]:
+    from zenedge.bases import linear_modules
+
+    return {m: tuple(s) for m, s in linear_modules(base_dir).items()}
+
+
+def write_lora_dir(path: Path, shapes: dict[str, tuple[int, int]], *, rank: int = 4, alpha: int = 8,
+                   seed: int = 0, targets=TINY_MODULES, dtype=np.float32, scale: float = 0.05) -> Path:
+    """Write a LoRA directory in exactly PEFT's save_pretrained format, quickly (numpy, no torch)."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    modules = sorted(m for m in shapes if m.rsplit(".", 1)[-1] in targets)
+    for module in modules:
+        out_f, in_f = shapes[module]
+        tensors[f"base_model.model.{module}.lora_A.weight"] = (rng.standard_normal((rank, in_f)) * scale).astype(dtype)
+        tensors[f"base_model.model.{module}.lora_B.weight"] = (rng.standard_normal((out_f, rank)) * scale).astype(dtype)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+              "target_modules": list(targets), "lora_dropout": 0.0, "bias": "none",
+              "base_model_name_or_path": "tiny", "fan_in_fan_out": False, "use_rslora": False}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture
+def store(isolated_home, tiny_base_dir):
+    """A store with the tiny base registered as `tiny`."""
+    from zenedge import bases
+    from zenedge.store import Store
+
+    s = Store(isolated_home)
+    bases.add_hf_dir(s, tiny_base_dir, "tiny")
+    return s
+
+
+@pytest.fixture
+def lora_factory(tmp_path, tiny_base_dir):
+    shapes = tiny_module_shapes(tiny_base_dir)
+    counter = iter(range(10**6))
+
+    def make(**kwargs) -> Path:
+        return write_lora_dir(tmp_path / f"lora-{next(counter)}", shapes, **kwargs)
+
+    return make
+
+
+def run_cli(*args: str, env: dict | None = None, check: bool = False):
+    """Run the real `zenedge` entry point in a subprocess."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "zenedge.cli", *args], capture_output=True, text=True,
+                            env={**os.environ, **(env or {})}, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"zenedge {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+    return result

@@ -1,0 +1,66 @@
+import pytest
+
+from zenedge import config
+from zenedge.errors import ConfigError
+from tests.conftest import run_cli
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_missing_file_means_defaults(tmp_path):
+    cfg = config.load(tmp_path / "nope.toml")
+    assert cfg.budget == 4 * 2**30
+    assert cfg.get("pool", "max_adapters") == 8
+    assert cfg.get("registry", "urls") == ["embedded"]
+
+
+def test_values_are_parsed(tmp_path):
+    path = write(tmp_path / "c.toml", '[pool]\nbudget = "500MB"\nmerge_rank = 16\n[runtime]\npinned = ["writer"]\n')
+    cfg = config.load(path)
+    assert cfg.budget == 500 * 10**6
+    assert cfg.get("pool", "merge_rank") == 16
+    assert cfg.get("runtime", "pinned") == ["writer"]
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("[pool\nbudget = 1", "invalid TOML"),
+    ('[pool]\nbudgte = "1GB"\n', "c.toml:2: pool.budgte: unknown key (did you mean budget?)"),
+    ('[pool]\nbudget = "lots"\n', "c.toml:2: pool.budget: invalid size 'lots'"),
+    ('[pool]\n\nquality_threshold = 3\n', "c.toml:3: pool.quality_threshold"),
+    ('[runtim]\ndevice = "cpu"\n', "unknown section (did you mean [runtime]?)"),
+    ('[server]\ntcp = "localhost"\n', "HOST:PORT"),
+])
+def test_broken_config_names_file_line_and_key(tmp_path, text, fragment):
+    path = write(tmp_path / "c.toml", text)
+    with pytest.raises(ConfigError) as info:
+        config.load(path)
+    assert fragment in str(info.value)
+
+
+def test_set_value_keeps_comments_and_other_keys(tmp_path):
+    path = write(tmp_path / "c.toml", '# my settings\n[pool]\nbudget = "1GB"  # small laptop\nmax_adapters = 3\n')
+    config.set_value("pool", "budget", "2GB", path)
+    text = path.read_text()
+    assert "# my settings" in text and "max_adapters = 3" in text
+    assert config.load(path).budget == 2 * 10**9
+
+
+def test_cli_refuses_broken_config_and_changes_nothing(tmp_path):
+    cfg_path = tmp_path / "config" / "config.toml"
+    original = '[pool]\nbudget = "1GB"\nmax_adaptors = 3\n'
+    write(cfg_path, original)
+    result = run_cli("budget", "set", "2GB")
+    assert result.returncode == 2
+    assert "config.toml:3: pool.max_adaptors: unknown key (did you mean max_adapters?)" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert cfg_path.read_text() == original
+
+
+def test_cli_budget_set_rejects_bad_size(tmp_path):
+    result = run_cli("budget", "set", "a lot")
+    assert result.returncode == 2
+    assert "invalid size" in result.stderr

@@ -1,0 +1,30 @@
+import pytest
+from hypothesis import given, strategies as st
+
+from zenedge.errors import InvalidInput
+from zenedge.sizes import format_size, parse_size
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("16GB", 16 * 10**9), ("16GiB", 16 * 2**30), ("500MB", 500 * 10**6), ("123B", 123), ("123", 123),
+    ("1.5GiB", int(1.5 * 2**30)), (" 2 kib ", 2048), (4096, 4096),
+])
+def test_parses_decimal_and_binary_units(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GB", "16 GBs", "-1GB", "1e9", "sixteen", "16XB", True, -5])
+def test_rejects_garbage_with_a_hint(text):
+    with pytest.raises(InvalidInput):
+        parse_size(text)
+
+
+@given(st.integers(min_value=0, max_value=2**50))
+def test_integers_round_trip(n):
+    assert parse_size(str(n)) == n
+    assert parse_size(f"{n}B") == n
+
+
+def test_format_is_human():
+    assert format_size(12) == "12 B"
+    assert format_size(3 * 2**30) == "3.0 GiB"

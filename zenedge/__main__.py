@@ -1,0 +1,5 @@
+import sys
+
+from zenedge.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Adapter file formats zenedge reads and writes (torch-free validation lives here)."""

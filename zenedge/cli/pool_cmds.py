@@ -1,0 +1,156 @@
+"""Commands on the pool's contents: list, import, rm, pin/unpin, and `pool status|check|gc`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from zenedge.cli.context import load_config, open_store
+from zenedge.cli.output import ago, json_option, print_json, print_table
+from zenedge.sizes import format_size
+
+
+@click.group("pool")
+def pool() -> None:
+    """Inspect and repair the pool."""
+
+
+def register(app: click.Group) -> None:
+    for command in (list_cmd, import_cmd, rm_cmd, pin_cmd, unpin_cmd, pool):
+        app.add_command(command)
+
+
+def list_entries(store) -> list[dict]:
+    return [{
+        "name": row["name"], "kind": row["kind"], "bytes": row["bytes"], "base": row["base"],
+        "served_by": row["adapter_id"][:12], "shared_with": row["sharing"] - 1,
+        "pinned": bool(row["pinned"]), "version": row["version"], "requests": row["request_count"],
+        "last_used_at": row["last_used_at"],
+    } for row in store.names()]
+
+
+@click.command("list")
+@json_option
+def list_cmd(json_out: bool) -> None:
+    """List the profiles in the pool (name, kind, size, the adapter serving it)."""
+    load_config()
+    entries = list_entries(open_store())
+    if json_out:
+        return print_json(entries)
+    now = time.time()
+    print_table(
+        [(e["name"] + (" (pinned)" if e["pinned"] else ""), e["kind"], format_size(e["bytes"]),
+          e["served_by"] + (f" (+{e['shared_with']})" if e["shared_with"] else ""), e["base"],
+          ago(now - e["last_used_at"])) for e in entries],
+        ["NAME", "KIND", "SIZE", "SERVED BY", "BASE", "USED"],
+        empty="the pool is empty: try `zenedge pull writer`",
+    )
+
+
+@click.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--name", "-n", required=True, help="Profile name to store it under.")
+@click.option("--base", default=None, help="Base model name (default: smollm2-135m).")
+@click.option("--eval", "eval_set", type=click.Path(path_type=Path), default=None,
+              help="Eval set (JSONL of prompt/answer) for the quality gate.")
+@json_option
+def import_cmd(path: Path, name: str, base: str | None, eval_set: Path | None, json_out: bool) -> None:
+    """Import a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors)."""
+    from zenedge import policy
+
+    cfg = load_config()
+    result = policy.import_lora(open_store(), cfg, path, name, base=base, eval_path=eval_set)
+    if json_out:
+        return print_json(result)
+    click.echo(f"imported {result['name']} ({result['kind']}, {format_size(result['bytes'])})")
+
+
+@click.command("rm")
+@click.argument("name")
+@json_option
+def rm_cmd(name: str, json_out: bool) -> None:
+    """Remove a profile (its adapter too, unless another name shares it)."""
+    load_config()
+    result = open_store().remove_name(name)
+    if json_out:
+        return print_json(result)
+    click.echo(f"removed {name}; freed {format_size(result['freed_bytes'])}")
+
+
+@click.command("pin")
+@click.argument("name")
+def pin_cmd(name: str) -> None:
+    """Never evict this profile's adapter under pressure."""
+    load_config()
+    open_store().set_pinned(name, True)
+    click.echo(f"pinned {name}")
+
+
+@click.command("unpin")
+@click.argument("name")
+def unpin_cmd(name: str) -> None:
+    """Let this profile's adapter be evicted again under pressure."""
+    load_config()
+    open_store().set_pinned(name, False)
+    click.echo(f"unpinned {name}")
+
+
+@pool.command("status")
+@json_option
+def status_cmd(json_out: bool) -> None:
+    """Budget, usage, slots and the last events."""
+    cfg = load_config()
+    store = open_store()
+    usage = store.usage()
+    status = {
+        "budget_bytes": cfg.budget, "used_bytes": usage.used_bytes,
+        "free_bytes": max(0, cfg.budget - usage.used_bytes), "by_kind": usage.by_kind,
+        "adapters": usage.adapters, "max_adapters": cfg.get("pool", "max_adapters"),
+        "names": len(store.names()), "merges": len(store.merges()),
+        "events": [{k: e[k] for k in ("at", "kind", "name", "detail")} for e in store.events(10)],
+    }
+    if json_out:
+        return print_json(status)
+    click.echo(f"budget {format_size(cfg.budget)}, used {format_size(usage.used_bytes)}, "
+               f"free {format_size(status['free_bytes'])}; {usage.adapters}/{status['max_adapters']} adapters "
+               f"serving {status['names']} names; {status['merges']} merges")
+    now = time.time()
+    print_table([(ago(now - e["at"]), e["kind"], e["name"] or "", _short(e["detail"])) for e in status["events"]],
+                ["WHEN", "EVENT", "NAME", "DETAIL"], title="recent events", empty="no events yet")
+
+
+def _short(detail) -> str:
+    if not isinstance(detail, dict):
+        return str(detail or "")
+    return ", ".join(f"{k}={v}" for k, v in detail.items())[:80]
+
+
+@pool.command("check")
+@click.option("--deep", is_flag=True, help="Also re-hash every blob.")
+@json_option
+def check_cmd(deep: bool, json_out: bool) -> None:
+    """Verify the pool's invariants; exit 1 if any is broken."""
+    cfg = load_config()
+    problems = open_store().check(budget=cfg.budget, deep=deep)
+    if json_out:
+        print_json({"ok": not problems, "problems": problems})
+    elif problems:
+        for problem in problems:
+            click.echo(f"problem: {problem}")
+    else:
+        click.echo("ok: the pool is consistent")
+    if problems:
+        raise click.exceptions.Exit(1)
+
+
+@pool.command("gc")
+@json_option
+def gc_cmd(json_out: bool) -> None:
+    """Remove leftovers (temporary files, unreferenced blobs) and report them."""
+    load_config()
+    counts = open_store().reconcile(blocking=True)
+    if json_out:
+        return print_json(counts)
+    click.echo(", ".join(f"{k}: {v}" for k, v in counts.items()) or "nothing to collect")

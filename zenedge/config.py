@@ -1,0 +1,230 @@
+"""The TOML config file: schema, validation with file/line/key in every error, and safe edits.
+
+The schema is data (`SCHEMA`): one entry per key with its parser and default. Unknown keys are
+errors, not silently ignored, because a typo in `budget` must never leave a user with the default.
+Edits go through tomlkit so the user's comments and other keys survive, and are written atomically.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from zenedge import paths
+from zenedge.errors import ConfigError, InvalidInput
+from zenedge.sizes import parse_size
+
+
+def _size(v: Any) -> int:
+    return parse_size(v)
+
+
+def _int_at_least(low: int) -> Callable[[Any], int]:
+    def parse(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise InvalidInput(f"expected an integer ≥ {low}, got {v!r}")
+        return v
+    return parse
+
+
+def _fraction(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+        raise InvalidInput(f"expected a number between 0 and 1, got {v!r}")
+    return float(v)
+
+
+def _seconds(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise InvalidInput(f"expected a number of seconds ≥ 0, got {v!r}")
+    return float(v)
+
+
+def _merge_rank(v: Any) -> str | int:
+    if v == "member":
+        return v
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        return v
+    raise InvalidInput(f'expected "member" or an integer ≥ 1, got {v!r}')
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        if v not in options:
+            raise InvalidInput(f"expected one of {', '.join(map(repr, options))}, got {v!r}")
+        return v
+    return parse
+
+
+def _string(v: Any) -> str:
+    if not isinstance(v, str):
+        raise InvalidInput(f"expected a string, got {v!r}")
+    return v
+
+
+def _strings(v: Any) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise InvalidInput(f"expected a list of strings, got {v!r}")
+    return list(v)
+
+
+def _tcp(v: Any) -> str:
+    v = _string(v)
+    if v and not re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}", v):
+        raise InvalidInput(f'expected "HOST:PORT" (e.g. "127.0.0.1:11435") or "", got {v!r}')
+    return v
+
+
+@dataclass(frozen=True)
+class Key:
+    parse: Callable[[Any], Any]
+    default: Any
+    doc: str
+
+
+# section → key → Key. The defaults are the documented ones (DESIGN.md "Config file").
+SCHEMA: dict[str, dict[str, Key]] = {
+    "pool": {
+        "budget": Key(_size, "4GiB", "storage budget B for adapters and deltas (bases are separate)"),
+        "max_adapters": Key(_int_at_least(1), 8, "slot limit: stored adapters at most"),
+        "quality_threshold": Key(_fraction, 0.7, "minimum retention a merge must keep for every member"),
+        "merge_rank": Key(_merge_rank, "member", '"member" (largest member\'s rank) or a fixed rank cap'),
+        "on_no_merge": Key(_choice("evict", "refuse"), "evict", "when no merge passes the gate"),
+        "slot_threshold": Key(_fraction, 0.0, "K-Merge++: take a free slot only if similarity to all < this (0 = off)"),
+        "maintain_interval": Key(_seconds, 600.0, "seconds between background maintenance runs (0 = off)"),
+    },
+    "runtime": {
+        "device": Key(_choice("auto", "cpu", "cuda"), "auto", "where inference runs"),
+        "dtype": Key(_choice("auto", "float32", "bfloat16", "float16"), "auto", "weights dtype"),
+        "cache_budget": Key(_size, "2GiB", "memory for cached variants"),
+        "pinned": Key(_strings, [], "profile names never evicted from the pool or the cache"),
+    },
+    "server": {
+        "socket": Key(_string, "", "Unix socket path (empty: <runtime dir>/zenedge.sock)"),
+        "tcp": Key(_tcp, "", 'optional loopback TCP listener, e.g. "127.0.0.1:11435"'),
+        "cors_origins": Key(_strings, ["tauri://localhost", "http://tauri.localhost", "https://tauri.localhost"],
+                            "origins allowed by CORS"),
+        "max_queue": Key(_int_at_least(1), 64, "queued generation requests before 503"),
+    },
+    "registry": {
+        "urls": Key(_strings, ["embedded"], 'registries in resolution order ("embedded" or http(s) URLs)'),
+    },
+}
+
+
+@dataclass
+class Config:
+    path: Path
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def get(self, section: str, key: str) -> Any:
+        return self.values[section][key]
+
+    @property
+    def budget(self) -> int:
+        return self.values["pool"]["budget"]
+
+
+def defaults() -> dict[str, dict[str, Any]]:
+    return {s: {k: spec.parse(spec.default) for k, spec in keys.items()} for s, keys in SCHEMA.items()}
+
+
+def _line_of(text: str, section: str, key: str | None) -> int | None:
+    """Best-effort line number of `[section] key` in the raw text (tomllib gives none)."""
+    current = None
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        header = re.match(r"^\[\s*([A-Za-z0-9_.-]+)\s*\]", stripped)
+        if header:
+            current = header.group(1)
+            if key is None and current == section:
+                return number
+            continue
+        if key is not None and current == section and re.match(rf"^{re.escape(key)}\s*=", stripped):
+            return number
+        if key is not None and current is None and re.match(rf"^{re.escape(section)}\.{re.escape(key)}\s*=", stripped):
+            return number
+    return None
+
+
+def _where(path: Path, text: str, section: str, key: str | None = None) -> str:
+    line = _line_of(text, section, key)
+    name = f"{section}.{key}" if key else f"[{section}]"
+    return f"{path}:{line}: {name}" if line else f"{path}: {name}"
+
+
+def validate(raw: dict[str, Any], path: Path, text: str = "") -> dict[str, dict[str, Any]]:
+    """Check a parsed TOML document against SCHEMA; return the full values with defaults filled in."""
+    values = defaults()
+    for section, table in raw.items():
+        if section not in SCHEMA:
+            close = difflib.get_close_matches(section, SCHEMA, n=1)
+            hint = f"did you mean [{close[0]}]?" if close else f"sections are {', '.join(SCHEMA)}"
+            raise ConfigError(f"{_where(path, text, section)}: unknown section", hint=hint)
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: {section} must be a table ([{section}])")
+        for key, value in table.items():
+            spec = SCHEMA[section].get(key)
+            if spec is None:
+                close = difflib.get_close_matches(key, SCHEMA[section], n=1)
+                hint = f"did you mean {close[0]}?" if close else f"keys are {', '.join(SCHEMA[section])}"
+                raise ConfigError(f"{_where(path, text, section, key)}: unknown key", hint=hint)
+            try:
+                values[section][key] = spec.parse(value)
+            except InvalidInput as exc:
+                raise ConfigError(f"{_where(path, text, section, key)}: {exc}") from None
+    return values
+
+
+def load(path: Path | None = None) -> Config:
+    """Read and validate the config; a missing file means all defaults."""
+    path = path or paths.config_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Config(path, defaults())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}", hint="fix the file or remove it to use the defaults") from None
+    return Config(path, validate(raw, path, text))
+
+
+def set_value(section: str, key: str, value: Any, path: Path | None = None) -> Config:
+    """Set one key, keeping the user's comments and other keys; validate before writing, atomically."""
+    import tomlkit  # only edits need it
+
+    path = path or paths.config_path()
+    current = load(path)  # refuses to edit a file that is already broken
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    document = tomlkit.parse(text)
+    if section not in document:
+        document[section] = tomlkit.table()
+    document[section][key] = value
+    new_text = tomlkit.dumps(document)
+    validate(tomllib.loads(new_text), path, new_text)
+    _write_atomically(path, new_text)
+    return load(current.path)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,130 @@
+"""Pool policy: the one orchestrator that decides what enters the pool and what leaves it.
+
+It reads the config (budget B, slot limit, pinned names), validates incoming adapters against
+their base, and turns storage pressure into a decision. Without a merge that passes the quality
+gate (the K-Merge layer), pressure means refusal with a clear message for imports, and
+request-rate-weighted LRU eviction when the user lowers the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zenedge import config as config_mod
+from zenedge.adapters.peft_lora import read_lora_dir
+from zenedge.bases import DEFAULT_BASE, _by_alias
+from zenedge.config import Config
+from zenedge.errors import BaseNotFound, BudgetExceeded
+from zenedge.names import check_name
+from zenedge.sizes import format_size
+from zenedge.store import NewAdapter, NewName, Store
+
+
+@dataclass
+class EvictionPlan:
+    budget: int
+    used_before: int
+    evict: list[dict[str, Any]] = field(default_factory=list)   # adapter rows, in order
+    used_after: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        return [n for a in self.evict for n in a["names"]]
+
+
+def resolve_base(store: Store, name: str | None) -> dict[str, Any]:
+    name = name or DEFAULT_BASE
+    row = store.base(name) or _by_alias(store, name)
+    if row is None:
+        known = ", ".join(b["name"] for b in store.bases()) or "none yet"
+        hint = ("it is converted on first use by `zenedge run` or `zenedge base add`" if name == DEFAULT_BASE
+                else "register it with `zenedge base add PATH --name NAME`")
+        raise BaseNotFound(f"base {name!r} is not registered (registered: {known})", hint=hint)
+    return row
+
+
+def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
+                eval_path: Path | None = None, version: str = "", description: str = "",
+                origin: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate a PEFT LoRA directory against its base and store it under `name`."""
+    check_name(name, "profile name")
+    base_row = resolve_base(store, base)
+    modules = {m: tuple(s) for m, s in base_row["modules"].items()}
+    lora = read_lora_dir(Path(path), modules)
+    adapter = NewAdapter(
+        kind="lora", base=base_row["name"], weights=lora.weights, rank=lora.rank,
+        target_modules=lora.target_modules, config=lora.config,
+        origin=origin or {"source": "import", "path": str(Path(path).resolve())},
+        pinned=name in cfg.get("runtime", "pinned"),
+    )
+    entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
+                    origin=adapter.origin)
+    return store_adapter(store, cfg, adapter, entry)
+
+
+def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName,
+                  event: str = "import") -> dict[str, Any]:
+    """Commit an adapter within the budget and slot limit, or refuse saying what would fix it."""
+    adapter_id = store.put_adapter(adapter, [entry], budget=cfg.budget,
+                                   max_adapters=cfg.get("pool", "max_adapters"), event=event)
+    row = store.adapter(adapter_id)
+    return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"]}
+
+
+def plan_budget(store: Store, cfg: Config, budget: int) -> EvictionPlan:
+    """Which adapters `budget set` would evict (rate-weighted LRU, never pinned)."""
+    used = store.used_bytes()
+    plan = EvictionPlan(budget=budget, used_before=used, used_after=used)
+    for adapter in store.eviction_order(pinned_names=cfg.get("runtime", "pinned")):
+        if plan.used_after <= budget:
+            break
+        names = store.names_of(adapter["id"])
+        freed = adapter["bytes"] + _eval_bytes(store, names)
+        plan.evict.append({**adapter, "names": names, "freed": freed})
+        plan.used_after -= freed
+    if plan.used_after > budget:
+        raise BudgetExceeded(
+            f"pinned adapters alone use {format_size(plan.used_after)}, more than {format_size(budget)}; "
+            "nothing was changed",
+            hint="unpin some with `zenedge unpin NAME` or choose a larger budget",
+        )
+    return plan
+
+
+def _eval_bytes(store: Store, names: list[str]) -> int:
+    total = 0
+    for name in names:
+        row = store.name(name)
+        if row and row.get("eval_blob"):
+            shared = store.db.execute("SELECT COUNT(*) FROM names WHERE eval_blob = ?", [row["eval_blob"]]).fetchone()[0]
+            if shared == 1:
+                total += store.db.execute("SELECT bytes FROM blobs WHERE digest = ?", [row["eval_blob"]]).fetchone()[0]
+    return total
+
+
+def set_budget(store: Store, cfg: Config, size: str, *, dry_run: bool = False) -> EvictionPlan:
+    """Lower or raise B: evict first (so a crash leaves a smaller, consistent pool), then write the file."""
+    from zenedge.sizes import parse_size
+
+    budget = parse_size(size)
+    with store.writing():
+        plan = plan_budget(store, cfg, budget)
+        if dry_run:
+            return plan
+        if plan.evict:
+            store.evict([a["id"] for a in plan.evict], reason=f"budget set to {format_size(budget)}")
+        config_mod.set_value("pool", "budget", size, cfg.path)
+        with store.db.atomic():
+            store._event("budget", None, None, {"budget": budget, "evicted": plan.names})
+    return plan
+
+
+def enforce_budget(store: Store, cfg: Config) -> EvictionPlan:
+    """Bring the pool back under the configured budget (after a config edit); used by maintenance."""
+    with store.writing():
+        plan = plan_budget(store, cfg, cfg.budget)
+        if plan.evict:
+            store.evict([a["id"] for a in plan.evict], reason="over the configured budget")
+        return plan

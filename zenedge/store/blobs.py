@@ -1,0 +1,118 @@
+"""Content-addressed blob files: `blobs/sha256-<hex>`, written to a temp file, fsynced, renamed.
+
+A blob file either exists complete under its final name or not at all; partial writes only ever
+live in `tmp/`, which start-up sweeps. Digests are validated before any path is built from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+from zenedge.errors import DigestMismatch
+from zenedge.names import check_digest
+
+CHUNK = 1 << 20
+PREFIX = "sha256-"
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable (POSIX: the directory entry lives in the directory)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BlobStore:
+    def __init__(self, root: Path):
+        self.dir = root / "blobs"
+        self.tmp = root / "tmp"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+
+    def path(self, digest: str) -> Path:
+        return self.dir / f"{PREFIX}{check_digest(digest)}"
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def size(self, digest: str) -> int:
+        return self.path(digest).stat().st_size
+
+    def digests(self) -> Iterator[str]:
+        for entry in self.dir.iterdir():
+            if entry.name.startswith(PREFIX):
+                yield entry.name[len(PREFIX):]
+
+    def strays(self) -> list[Path]:
+        """Files in blobs/ that are not well-formed blob names, plus everything in tmp/."""
+        odd = [p for p in self.dir.iterdir() if not p.name.startswith(PREFIX)]
+        return odd + list(self.tmp.iterdir())
+
+    def put_stream(self, source: BinaryIO, expected: str | None = None,
+                   progress: Callable[[int], None] | None = None) -> tuple[str, int]:
+        """Copy a stream into the store, hashing as it goes; return (digest, size)."""
+        fd, tmp_name = tempfile.mkstemp(prefix="blob-", dir=self.tmp)
+        tmp = Path(tmp_name)
+        try:
+            hasher, size = hashlib.sha256(), 0
+            with os.fdopen(fd, "wb") as out:
+                while chunk := source.read(CHUNK):
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+                    if progress:
+                        progress(len(chunk))
+                out.flush()
+                os.fsync(out.fileno())
+            digest = hasher.hexdigest()
+            if expected is not None and digest != check_digest(expected):
+                raise DigestMismatch(f"content has sha256 {digest}, expected {check_digest(expected)}")
+            final = self.path(digest)
+            if final.exists():  # same content already stored: keep the first copy
+                tmp.unlink()
+            else:
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, final)
+                fsync_dir(self.dir)
+            return digest, size
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def put_file(self, path: Path, expected: str | None = None) -> tuple[str, int]:
+        with open(path, "rb") as source:
+            return self.put_stream(source, expected)
+
+    def put_bytes(self, data: bytes) -> tuple[str, int]:
+        import io
+
+        return self.put_stream(io.BytesIO(data))
+
+    def adopt(self, path: Path, digest: str) -> None:
+        """Move an already-verified file (e.g. a finished download in tmp/) into place."""
+        final = self.path(digest)
+        if final.exists():
+            path.unlink()
+            return
+        os.replace(path, final)
+        fsync_dir(self.dir)
+
+    def delete(self, digest: str) -> None:
+        self.path(digest).unlink(missing_ok=True)
+
+    def verify(self, digest: str) -> bool:
+        hasher = hashlib.sha256()
+        with open(self.path(digest), "rb") as handle:
+            while chunk := handle.read(CHUNK):
+                hasher.update(chunk)
+        return hasher.hexdigest() == digest
+
+    def copy_out(self, digest: str, dest: Path) -> None:
+        shutil.copyfile(self.path(digest), dest)

@@ -1,0 +1,495 @@
+"""The pool: blobs + SQLite index + writer lock, and the invariants that hold at every commit.
+
+Invariants (checked by `check()`, kept by every method here):
+- every blob the index references exists under its digest, complete;
+- bytes of referenced blobs ≤ budget B at every commit that adds bytes (the caller passes B);
+- every name points to an existing adapter; no adapter is left without a name.
+Ordering makes crashes safe: blob files are written (tmp → fsync → rename) before the commit
+that references them, and deleted only after the commit that dropped the last reference. A
+crash leaves at worst orphan files, which `reconcile()` removes on the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from zenedge.errors import AdapterNotFound, BudgetExceeded, InvalidInput, StoreBusy
+from zenedge.names import check_name
+from zenedge.sizes import format_size
+from zenedge.store.blobs import BlobStore, fsync_dir
+from zenedge.store.lock import WriterLock
+from zenedge.store.migrations import migrate, pending_migrations
+
+RATE_HALF_LIFE = 24 * 3600.0  # a request counts half as much after a day
+
+
+def decayed_rate(rate: float, rate_at: float, now: float) -> float:
+    return rate * 0.5 ** (max(0.0, now - rate_at) / RATE_HALF_LIFE)
+
+
+@dataclass
+class NewName:
+    name: str
+    version: str = ""
+    description: str = ""
+    eval_path: Path | None = None      # the profile's eval set, kept after merges
+    quality: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class NewAdapter:
+    kind: str                          # "lora" | "bitdelta" | "merged"
+    base: str
+    weights: Path                      # the one weights file, stored as a blob
+    rank: int = 0
+    target_modules: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, Any] = field(default_factory=dict)
+    pinned: bool = False
+
+
+@dataclass
+class Usage:
+    used_bytes: int
+    by_kind: dict[str, int]            # adapter kinds, plus "eval" for eval sets
+    adapters: int
+    bases_bytes: int
+
+
+class Store:
+    def __init__(self, home: Path, *, reconcile: bool = True):
+        self.home = Path(home)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.blobs = BlobStore(self.home)
+        self.bases_dir = self.home / "bases"
+        self.bases_dir.mkdir(exist_ok=True)
+        self.lock = WriterLock(self.home / "lock")
+        self.path = self.home / "index.db"
+        self._local = threading.local()
+        if pending_migrations(self.conn):
+            with self.lock.hold():
+                migrate(self.db)
+        if reconcile:
+            self.reconcile(blocking=False)
+
+    # -- connections ---------------------------------------------------------------------
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """One connection per thread (sqlite3 connections must not be shared across threads).
+        Reads use it directly; `db` wraps the same connection in sqlite-utils for writes, so
+        read-only commands never pay sqlite-utils' import time."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=10.0)
+            conn.execute("PRAGMA journal_mode=WAL")      # readers never block the writer
+            conn.execute("PRAGMA synchronous=FULL")      # a commit survives power loss
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._local.conn = conn
+        return conn
+
+    @property
+    def db(self):
+        """sqlite-utils view of this thread's connection (imported on first write)."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            import sqlite_utils
+
+            db = sqlite_utils.Database(self.conn, execute_plugins=False)
+            self._local.db = db
+        return db
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+            self._local.db = None
+
+    def _rows(self, sql: str, params: list[Any] = ()) -> list[dict[str, Any]]:
+        cursor = self.conn.execute(sql, params)
+        keys = [c[0] for c in cursor.description]
+        return [_decode(dict(zip(keys, row))) for row in cursor.fetchall()]
+
+    @contextmanager
+    def writing(self, timeout: float = 60.0) -> Iterator[None]:
+        """Hold the writer lock for a whole operation (blob writes + one transaction)."""
+        with self.lock.hold(timeout):
+            yield
+
+    # -- reads (never take the writer lock) ------------------------------------------------
+    def usage(self) -> Usage:
+        rows = self.conn.execute(
+            """SELECT b.role, a.kind, b.bytes FROM blobs b LEFT JOIN adapters a ON a.sha256 = b.digest
+               WHERE b.digest IN (SELECT sha256 FROM adapters UNION SELECT eval_blob FROM names
+                                  WHERE eval_blob IS NOT NULL)"""
+        ).fetchall()
+        by_kind: dict[str, int] = {}
+        for role, kind, size in rows:
+            key = kind if role == "adapter" and kind else role
+            by_kind[key] = by_kind.get(key, 0) + size
+        bases = self.conn.execute("SELECT COALESCE(SUM(bytes), 0) FROM bases").fetchone()[0]
+        count = self.conn.execute("SELECT COUNT(*) FROM adapters").fetchone()[0]
+        return Usage(sum(by_kind.values()), by_kind, count, bases)
+
+    def used_bytes(self) -> int:
+        return self.usage().used_bytes
+
+    def names(self) -> list[dict[str, Any]]:
+        """Every profile name with the adapter serving it."""
+        rows = self.conn.execute(
+            """SELECT n.name, n.version, n.description, n.adapter_id, a.kind, a.bytes, a.base, a.rank,
+                      a.pinned, a.request_count, a.last_used_at, a.created_at,
+                      (SELECT COUNT(*) FROM names m WHERE m.adapter_id = n.adapter_id) AS sharing
+               FROM names n JOIN adapters a ON a.id = n.adapter_id ORDER BY n.name"""
+        ).fetchall()
+        keys = ["name", "version", "description", "adapter_id", "kind", "bytes", "base", "rank", "pinned",
+                "request_count", "last_used_at", "created_at", "sharing"]
+        return [dict(zip(keys, row)) for row in rows]
+
+    def name(self, name: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM names WHERE name = ?", [name])
+        return rows[0] if rows else None
+
+    def adapter(self, adapter_id: str) -> dict[str, Any]:
+        rows = self._rows("SELECT * FROM adapters WHERE id = ?", [adapter_id])
+        if not rows:
+            raise AdapterNotFound(f"no adapter {adapter_id[:12]} in the pool")
+        return rows[0]
+
+    def adapters(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM adapters ORDER BY created_at")
+
+    def names_of(self, adapter_id: str) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT name FROM names WHERE adapter_id = ? ORDER BY name", [adapter_id]).fetchall()]
+
+    def resolve(self, name: str) -> dict[str, Any]:
+        """Profile name → the adapter row that serves it; a clear error when it is not pulled."""
+        check_name(name, "profile name")
+        row = self.conn.execute("SELECT adapter_id FROM names WHERE name = ?", [name]).fetchone()
+        if row is None:
+            raise AdapterNotFound(f"{name!r} is not in the pool", hint=f"run `zenedge pull {name}`")
+        return self.adapter(row[0])
+
+    def bases(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM bases ORDER BY name")
+
+    def base(self, name: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM bases WHERE name = ?", [name])
+        return rows[0] if rows else None
+
+    def base_dir(self, name: str) -> Path:
+        return self.bases_dir / check_name(name, "base name")
+
+    def events(self, limit: int = 50) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM events ORDER BY id DESC LIMIT ?", [limit])
+
+    def merges(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM merges ORDER BY id")
+
+    def blob_path(self, digest: str) -> Path:
+        return self.blobs.path(digest)
+
+    # -- writes ------------------------------------------------------------------------------
+    def add_base(self, name: str, source_dir: Path, *, sha256: str, modules: dict[str, list[int]],
+                 aliases: list[str] = (), source: str = "") -> dict[str, Any]:
+        """Register a base: copy its files into bases/<name> (tmp dir + rename), then index it."""
+        check_name(name, "base name")
+        with self.writing():
+            if self.base(name):
+                raise InvalidInput(f"a base named {name!r} is already registered")
+            final = self.base_dir(name)
+            staging = self.blobs.tmp / f"base-{name}-{time.time_ns()}"
+            shutil.copytree(source_dir, staging)
+            size = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
+            if final.exists():  # leftover of a crash between rename and commit
+                shutil.rmtree(final)
+            staging.rename(final)
+            fsync_dir(self.bases_dir)
+            with self.db.atomic():
+                self.db["bases"].insert({
+                    "name": name, "sha256": sha256, "dir": f"bases/{name}", "bytes": size,
+                    "modules": json.dumps(modules), "aliases": json.dumps(list(aliases)),
+                    "source": source, "created_at": time.time(),
+                })
+                self._event("base-add", name, None, {"bytes": size, "source": source})
+            return self.base(name)
+
+    def put_adapter(self, adapter: NewAdapter, names: list[NewName], *, budget: int,
+                    max_adapters: int | None = None, replaces: list[str] = (),
+                    event: str = "import", merge: dict[str, Any] | None = None) -> str:
+        """Store one adapter and point `names` at it, in one transaction, within `budget`.
+
+        `replaces`: adapter ids deleted in the same transaction (a merge evicting its members;
+        their names are re-pointed at the new adapter).
+        """
+        with self.writing():
+            return self._put_adapter(adapter, names, budget=budget, max_adapters=max_adapters,
+                                     replaces=replaces, event=event, merge=merge)
+
+    def _put_adapter(self, adapter: NewAdapter, names: list[NewName], *, budget: int,
+                     max_adapters: int | None, replaces: list[str], event: str,
+                     merge: dict[str, Any] | None) -> str:
+        for n in names:
+            check_name(n.name, "profile name")
+        staged: list[str] = []
+        what = f"adding {', '.join(repr(n.name) for n in names) or 'an adapter'}"
+        try:
+            digest, size = self.blobs.put_file(adapter.weights)
+            staged.append(digest)
+            evals = {}
+            for n in names:
+                if n.eval_path is not None:
+                    evals[n.name] = self.blobs.put_file(n.eval_path)
+                    staged.append(evals[n.name][0])
+            now = time.time()
+            with self.db.atomic():
+                existing = self.conn.execute("SELECT id FROM adapters WHERE id = ?", [digest]).fetchone()
+                if not existing:
+                    self._insert_blob(digest, size, "adapter", now)
+                    self.db["adapters"].insert({
+                        "id": digest, "kind": adapter.kind, "base": adapter.base, "rank": adapter.rank,
+                        "target_modules": json.dumps(adapter.target_modules), "bytes": size,
+                        "sha256": digest, "config": json.dumps(adapter.config),
+                        "state": json.dumps(adapter.state), "created_at": now, "last_used_at": now,
+                        "request_count": 0, "request_rate": 0.0, "rate_at": now,
+                        "pinned": int(adapter.pinned), "origin": json.dumps(adapter.origin),
+                    })
+                for n in names:
+                    eval_digest = None
+                    if n.name in evals:
+                        eval_digest, eval_size = evals[n.name]
+                        self._insert_blob(eval_digest, eval_size, "eval", now)
+                    self.db["names"].upsert({
+                        "name": n.name, "adapter_id": digest, "version": n.version,
+                        "description": n.description, "eval_blob": eval_digest,
+                        "quality": json.dumps(n.quality), "origin": json.dumps(n.origin), "created_at": now,
+                    }, pk="name")
+                for old in replaces:
+                    if old != digest:
+                        self.conn.execute("UPDATE names SET adapter_id = ? WHERE adapter_id = ?", [digest, old])
+                        self.conn.execute("DELETE FROM adapters WHERE id = ?", [old])
+                if merge is not None:
+                    self.db["merges"].insert({**merge, "result_id": digest, "created_at": now})
+                self._drop_unnamed()
+                self._check_budget(budget, extra=f"{what} ({format_size(size)})")
+                if max_adapters is not None:
+                    count = self.conn.execute("SELECT COUNT(*) FROM adapters").fetchone()[0]
+                    if count > max_adapters:
+                        raise BudgetExceeded(
+                            f"the pool holds its maximum of {max_adapters} adapters (pool.max_adapters)",
+                            hint="remove one with `zenedge rm NAME` or raise pool.max_adapters",
+                        )
+                for n in names:
+                    self._event(event, n.name, digest, {"kind": adapter.kind, "bytes": size, **adapter.origin})
+            staged.clear()
+            return digest
+        finally:
+            self._delete_unreferenced(staged)
+            self._collect()
+
+    def remove_name(self, name: str, *, event: str = "rm") -> dict[str, Any]:
+        """Forget a profile name; its adapter goes too when no other name uses it."""
+        check_name(name, "profile name")
+        with self.writing():
+            row = self.name(name)
+            if row is None:
+                raise AdapterNotFound(f"{name!r} is not in the pool", hint="see `zenedge list`")
+            before = self.used_bytes()
+            with self.db.atomic():
+                self.conn.execute("DELETE FROM names WHERE name = ?", [name])
+                self._drop_unnamed()
+                self._event(event, name, row["adapter_id"], {})
+            freed = before - self.used_bytes()
+            self._collect()
+            return {"name": name, "adapter_id": row["adapter_id"], "freed_bytes": freed}
+
+    def evict(self, adapter_ids: list[str], *, reason: str) -> list[str]:
+        """Delete adapters and all their names in one transaction; return the names removed."""
+        with self.writing():
+            removed = []
+            with self.db.atomic():
+                for adapter_id in adapter_ids:
+                    names = self.names_of(adapter_id)
+                    removed += names
+                    self.conn.execute("DELETE FROM names WHERE adapter_id = ?", [adapter_id])
+                    self.conn.execute("DELETE FROM adapters WHERE id = ?", [adapter_id])
+                    self._event("evict", ",".join(names), adapter_id, {"reason": reason})
+                self._drop_unnamed()
+            self._collect()
+            return removed
+
+    def set_pinned(self, name: str, pinned: bool) -> dict[str, Any]:
+        with self.writing():
+            adapter = self.resolve(name)
+            with self.db.atomic():
+                self.conn.execute("UPDATE adapters SET pinned = ? WHERE id = ?", [int(pinned), adapter["id"]])
+                self._event("pin" if pinned else "unpin", name, adapter["id"], {})
+            return self.adapter(adapter["id"])
+
+    def record_requests(self, adapter_id: str, count: int = 1, now: float | None = None) -> None:
+        """Bump the request counters the eviction order uses (no writer lock: stats only)."""
+        now = time.time() if now is None else now
+        with self.db.atomic():
+            row = self.conn.execute("SELECT request_rate, rate_at FROM adapters WHERE id = ?", [adapter_id]).fetchone()
+            if row is None:
+                return
+            rate = decayed_rate(row[0], row[1], now) + count
+            self.conn.execute(
+                """UPDATE adapters SET request_count = request_count + ?, request_rate = ?, rate_at = ?,
+                   last_used_at = ? WHERE id = ?""", [count, rate, now, now, adapter_id])
+
+    def eviction_order(self, now: float | None = None, pinned_names: list[str] = ()) -> list[dict[str, Any]]:
+        """Unpinned adapters, least valuable first: lowest decayed request rate, then least recent."""
+        now = time.time() if now is None else now
+        pinned_by_config = {self.name(n)["adapter_id"] for n in pinned_names if self.name(n)}
+        candidates = [a for a in self.adapters() if not a["pinned"] and a["id"] not in pinned_by_config]
+        return sorted(candidates, key=lambda a: (decayed_rate(a["request_rate"], a["rate_at"], now),
+                                                 a["last_used_at"], a["created_at"]))
+
+    # -- internals -------------------------------------------------------------------------
+    def _insert_blob(self, digest: str, size: int, role: str, now: float) -> None:
+        self.conn.execute("INSERT OR IGNORE INTO blobs (digest, bytes, role, created_at) VALUES (?, ?, ?, ?)",
+                        [digest, size, role, now])
+
+    def _drop_unnamed(self) -> None:
+        self.conn.execute("DELETE FROM adapters WHERE id NOT IN (SELECT adapter_id FROM names)")
+        self.conn.execute(
+            """DELETE FROM blobs WHERE digest NOT IN (SELECT sha256 FROM adapters)
+               AND digest NOT IN (SELECT eval_blob FROM names WHERE eval_blob IS NOT NULL)""")
+
+    def _check_budget(self, budget: int, extra: str) -> None:
+        used = self.used_bytes()
+        if used > budget:
+            raise BudgetExceeded(
+                f"{extra} would use {format_size(used)} of the {format_size(budget)} budget "
+                f"({format_size(used - budget)} over)",
+                hint="free space with `zenedge rm NAME` or raise it with `zenedge budget set SIZE`",
+            )
+
+    def _event(self, kind: str, name: str | None, adapter_id: str | None, detail: dict[str, Any]) -> None:
+        self.db["events"].insert({"at": time.time(), "kind": kind, "name": name, "adapter_id": adapter_id,
+                                  "detail": json.dumps(detail)})
+
+    def _referenced(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("SELECT digest FROM blobs").fetchall()}
+
+    def _delete_unreferenced(self, digests: list[str]) -> None:
+        if not digests:
+            return
+        referenced = self._referenced()
+        for digest in digests:
+            if digest not in referenced:
+                self.blobs.delete(digest)
+
+    def _collect(self) -> None:
+        """Delete blob files the committed index no longer references (after the commit)."""
+        referenced = self._referenced()
+        for digest in list(self.blobs.digests()):
+            if digest not in referenced:
+                self.blobs.delete(digest)
+
+    # -- maintenance -----------------------------------------------------------------------
+    def _leftovers(self) -> tuple[list[Path], list[str], list[Path], int]:
+        """What a crash can leave: tmp files, orphan blobs, unindexed base dirs, dangling rows."""
+        strays = self.blobs.strays()
+        referenced = self._referenced()
+        orphans = [d for d in self.blobs.digests() if d not in referenced]
+        known = {b["name"] for b in self.bases()}
+        base_dirs = [p for p in self.bases_dir.iterdir() if p.name not in known]
+        dangling = self.conn.execute(
+            """SELECT (SELECT COUNT(*) FROM adapters WHERE id NOT IN (SELECT adapter_id FROM names))
+               + (SELECT COUNT(*) FROM blobs WHERE digest NOT IN (SELECT sha256 FROM adapters)
+                  AND digest NOT IN (SELECT eval_blob FROM names WHERE eval_blob IS NOT NULL))""").fetchone()[0]
+        return strays, orphans, base_dirs, dangling
+
+    def reconcile(self, blocking: bool = True) -> dict[str, int]:
+        """Remove what a crash can leave behind. Cheap when there is nothing to do (every start)."""
+        strays, orphans, base_dirs, dangling = self._leftovers()
+        if not (strays or orphans or base_dirs or dangling) and not blocking:
+            return {}
+        try:
+            context = self.writing(timeout=60.0 if blocking else 0.0)
+            context.__enter__()
+        except StoreBusy:
+            return {}  # a writer is active: its leftovers are not leftovers yet
+        try:
+            strays, orphans, base_dirs, dangling = self._leftovers()  # again, under the lock
+            for path in strays:
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            for path in base_dirs:
+                shutil.rmtree(path, ignore_errors=True)
+            counts = {"tmp": len(strays), "orphan_blobs": len(orphans), "orphan_bases": len(base_dirs),
+                      "dangling_rows": dangling}
+            if dangling or any(counts.values()):
+                with self.db.atomic():
+                    self._drop_unnamed()
+                    self._event("reconcile", None, None, counts)
+            self._collect()
+            return counts
+        finally:
+            context.__exit__(None, None, None)
+
+    def check(self, budget: int | None = None, deep: bool = False) -> list[str]:
+        """Every invariant violation, as one line each (empty list: the pool is consistent)."""
+        problems = []
+        referenced = {}
+        for digest, size in self.conn.execute("SELECT digest, bytes FROM blobs").fetchall():
+            referenced[digest] = size
+            path = self.blobs.path(digest)
+            if not path.is_file():
+                problems.append(f"missing blob sha256-{digest[:12]}")
+            elif path.stat().st_size != size:
+                problems.append(f"blob sha256-{digest[:12]} has {path.stat().st_size} bytes, index says {size}")
+            elif deep and not self.blobs.verify(digest):
+                problems.append(f"blob sha256-{digest[:12]} content does not match its digest")
+        for digest in self.blobs.digests():
+            if digest not in referenced:
+                problems.append(f"orphan blob sha256-{digest[:12]} (not in the index)")
+        for path in self.blobs.strays():
+            problems.append(f"leftover temporary file {path.name}")
+        for (name,) in self.conn.execute(
+                "SELECT name FROM names WHERE adapter_id NOT IN (SELECT id FROM adapters)").fetchall():
+            problems.append(f"name {name!r} points to a missing adapter")
+        for (adapter_id,) in self.conn.execute(
+                "SELECT id FROM adapters WHERE id NOT IN (SELECT adapter_id FROM names)").fetchall():
+            problems.append(f"adapter {adapter_id[:12]} has no name")
+        for (adapter_id,) in self.conn.execute(
+                "SELECT id FROM adapters WHERE sha256 NOT IN (SELECT digest FROM blobs)").fetchall():
+            problems.append(f"adapter {adapter_id[:12]} references an unindexed blob")
+        unreferenced = self.conn.execute(
+            """SELECT digest FROM blobs WHERE digest NOT IN (SELECT sha256 FROM adapters)
+               AND digest NOT IN (SELECT eval_blob FROM names WHERE eval_blob IS NOT NULL)""").fetchall()
+        for (digest,) in unreferenced:
+            problems.append(f"indexed blob sha256-{digest[:12]} is referenced by nothing")
+        for base in self.bases():
+            if not (self.home / base["dir"]).is_dir():
+                problems.append(f"base {base['name']!r} directory is missing")
+        if budget is not None:
+            used = self.used_bytes()
+            if used > budget:
+                problems.append(f"budget breached: {used} bytes used > {budget} budget")
+        return problems
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON columns back to Python values."""
+    out = dict(row)
+    for key in ("target_modules", "config", "state", "origin", "quality", "members", "retention",
+                "detail", "modules", "aliases"):
+        if isinstance(out.get(key), str):
+            try:
+                out[key] = json.loads(out[key])
+            except json.JSONDecodeError:
+                pass
+    return out
