@@ -1,0 +1,30 @@
+"""The package is what pyproject.toml says it is, and the CLI starts without the heavy stack."""
+
+import subprocess
+import sys
+import tomllib
+
+from tests.conftest import REPO
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"zenedge"} | {
+        "zenedge." + ".".join(p.parent.relative_to(REPO / "zenedge").parts)
+        for p in (REPO / "zenedge").rglob("__init__.py") if p.parent != REPO / "zenedge"
+    } | {"zenedge.kernels"}
+    assert found == listed, f"pyproject packages out of date: missing {found - listed}, extra {listed - found}"
+
+
+def test_cli_import_does_not_load_the_heavy_stack():
+    code = ("import sys, zenedge.cli; "
+            "print(' '.join(m for m in ('torch', 'transformers', 'triton', 'peft', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
+
+
+def test_list_does_not_load_the_heavy_stack():
+    code = ("import sys\nfrom zenedge.cli import main\nmain(['list', '--json'])\n"
+            "print('LOADED', ' '.join(m for m in ('torch', 'transformers', 'triton', 'peft') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("LOADED")
