@@ -1,0 +1,82 @@
+"""The CLI as users run it: real subprocesses, real files, JSON contracts, concurrency."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import run_cli, tiny_module_shapes, write_lora_dir
+from zenedge import bases
+from zenedge.store import Store
+
+
+def setup_base(home, tiny_base_dir):
+    bases.add_hf_dir(Store(home), tiny_base_dir, "tiny")
+
+
+def test_list_and_budget_json_contracts(isolated_home, tiny_base_dir, lora_factory):
+    setup_base(isolated_home, tiny_base_dir)
+    run_cli("import", str(lora_factory(seed=3)), "--name", "writer", "--base", "tiny", check=True)
+    [entry] = json.loads(run_cli("list", "--json", check=True).stdout)
+    assert {"name", "kind", "bytes", "served_by"} <= set(entry)
+    assert entry["name"] == "writer" and entry["kind"] == "lora" and entry["bytes"] > 0
+    budget = json.loads(run_cli("budget", "show", "--json", check=True).stdout)
+    assert budget["used_bytes"] == entry["bytes"]
+    assert budget["budget_bytes"] == 4 * 2**30
+    assert budget["free_bytes"] == budget["budget_bytes"] - budget["used_bytes"]
+    assert budget["bases_bytes"] > 0 and budget["by_kind"] == {"lora": entry["bytes"]}
+
+
+def test_budget_set_dry_run_then_real(isolated_home, tiny_base_dir, lora_factory, tmp_path):
+    setup_base(isolated_home, tiny_base_dir)
+    for i, name in enumerate(["a", "b"]):
+        run_cli("import", str(lora_factory(seed=i)), "--name", name, "--base", "tiny", check=True)
+    size = json.loads(run_cli("list", "--json").stdout)[0]["bytes"]
+    dry = json.loads(run_cli("budget", "set", f"{size}B", "--dry-run", "--json", check=True).stdout)
+    assert len(dry["evict"]) == 1 and dry["dry_run"]
+    assert len(json.loads(run_cli("list", "--json").stdout)) == 2
+    real = json.loads(run_cli("budget", "set", f"{size}B", "--json", check=True).stdout)
+    assert real["evict"] == dry["evict"]
+    assert len(json.loads(run_cli("list", "--json").stdout)) == 1
+    assert run_cli("pool", "check").returncode == 0
+
+
+def test_rm_unknown_name_fails_clearly(isolated_home):
+    result = run_cli("rm", "ghost")
+    assert result.returncode == 1 and "not in the pool" in result.stderr
+
+
+def test_concurrent_cli_imports_all_land_within_budget(isolated_home, tiny_base_dir, tmp_path):
+    setup_base(isolated_home, tiny_base_dir)
+    shapes = tiny_module_shapes(tiny_base_dir)
+    dirs = [write_lora_dir(tmp_path / f"c{i}", shapes, seed=100 + i) for i in range(6)]
+    procs = [subprocess.Popen([sys.executable, "-m", "zenedge.cli", "import", str(d), "--name", f"p{i}",
+                               "--base", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, d in enumerate(dirs)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    assert all(code == 0 for code, _ in results), results
+    names = sorted(e["name"] for e in json.loads(run_cli("list", "--json").stdout))
+    assert names == [f"p{i}" for i in range(6)]
+    assert run_cli("pool", "check").returncode == 0
+
+
+def test_concurrent_imports_under_a_tight_budget_never_breach_it(isolated_home, tiny_base_dir, tmp_path):
+    setup_base(isolated_home, tiny_base_dir)
+    shapes = tiny_module_shapes(tiny_base_dir)
+    dirs = [write_lora_dir(tmp_path / f"t{i}", shapes, seed=200 + i) for i in range(5)]
+    one = (dirs[0] / "adapter_model.safetensors").stat().st_size
+    run_cli("budget", "set", f"{2 * one + 10}B", check=True)
+    procs = [subprocess.Popen([sys.executable, "-m", "zenedge.cli", "import", str(d), "--name", f"t{i}",
+                               "--base", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, d in enumerate(dirs)]
+    codes = [p.wait(timeout=300) for p in procs]
+    assert sorted(codes) == [0, 0, 1, 1, 1]
+    budget = json.loads(run_cli("budget", "show", "--json").stdout)
+    assert budget["used_bytes"] <= budget["budget_bytes"]
+    assert run_cli("pool", "check").returncode == 0
+
+
+def test_version_and_help_answer(isolated_home):
+    assert run_cli("--version", check=True).stdout.startswith("zenedge ")
+    help_text = run_cli("--help", check=True).stdout
+    for command in ("list", "import", "rm", "budget", "pool", "pin", "unpin", "base"):
+        assert command in help_text

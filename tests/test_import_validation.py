@@ -1,0 +1,152 @@
+"""Every bad adapter is refused with one clear line, a non-zero exit, and nothing left behind."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli, tiny_module_shapes, write_lora_dir
+from zenedge import policy
+from zenedge.adapters.peft_lora import read_lora_dir
+from zenedge.config import load
+from zenedge.errors import InvalidAdapter
+
+
+def corrupt(path, fn):
+    weights = path / "adapter_model.safetensors"
+    weights.write_bytes(fn(weights.read_bytes()))
+    return path
+
+
+def raw_safetensors(header: dict, data: bytes) -> bytes:
+    blob = json.dumps(header).encode()
+    return struct.pack("<Q", len(blob)) + blob + data
+
+
+def bad_header_claims_huge_sizes(data: bytes) -> bytes:
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    key = next(k for k in header if k != "__metadata__")
+    header[key]["shape"] = [2**30, 2**30]
+    return raw_safetensors(header, data[8 + n:])
+
+
+def nan_in_first_tensor(data: bytes) -> bytes:
+    (n,) = struct.unpack("<Q", data[:8])
+    body = bytearray(data)
+    body[8 + n:8 + n + 4] = struct.pack("<f", float("nan"))
+    return bytes(body)
+
+
+CASES = {
+    "truncated": lambda d: d[: len(d) // 2],
+    "empty file": lambda d: b"",
+    "header length beyond file": lambda d: struct.pack("<Q", 10**12) + d[8:],
+    "header not json": lambda d: struct.pack("<Q", 5) + b"{{{{{" + d[8:],
+    "absurd shape": bad_header_claims_huge_sizes,
+    "nan": nan_in_first_tensor,
+    "trailing garbage": lambda d: d + b"junk",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_corrupt_weights_are_refused(store, lora_factory, tmp_path, case):
+    path = corrupt(lora_factory(), CASES[case])
+    with pytest.raises(InvalidAdapter):
+        policy.import_lora(store, load(), path, "bad", base="tiny")
+    assert store.names() == [] and list(store.blobs.digests()) == []
+
+
+def test_inf_in_bf16_is_caught(tmp_path, tiny_base_dir):
+    import torch
+    from safetensors.torch import save_file
+
+    path = write_lora_dir(tmp_path / "a", tiny_module_shapes(tiny_base_dir))
+    from safetensors.torch import load_file
+
+    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(path / "adapter_model.safetensors").items()}
+    first = sorted(tensors)[0]
+    tensors[first][0, 0] = float("inf")
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    with pytest.raises(InvalidAdapter, match="NaN or Inf"):
+        read_lora_dir(path)
+
+
+def test_wrong_shapes_for_the_base_are_refused(store, tiny_base_dir, tmp_path):
+    shapes = {m: (o * 2, i) for m, (o, i) in tiny_module_shapes(tiny_base_dir).items()}
+    path = write_lora_dir(tmp_path / "wide", shapes)
+    with pytest.raises(InvalidAdapter, match="made for another model"):
+        policy.import_lora(store, load(), path, "wide", base="tiny")
+
+
+def test_adapter_for_modules_the_base_lacks_is_refused(store, tmp_path):
+    shapes = {"model.layers.0.self_attn.q_proj": (64, 64), "transformer.h.0.attn.c_attn": (192, 64)}
+    path = write_lora_dir(tmp_path / "gpt2ish", shapes, targets=("q_proj", "c_attn"))
+    with pytest.raises(InvalidAdapter, match="does not exist in the base"):
+        policy.import_lora(store, load(), path, "other", base="tiny")
+
+
+@pytest.mark.parametrize("filename", ["adapter_model.bin", "pytorch_model.pt", "x.ckpt"])
+def test_pickles_are_refused_outright(lora_factory, filename):
+    path = lora_factory()
+    (path / filename).write_bytes(b"\x80\x04pickle")
+    with pytest.raises(InvalidAdapter, match="pickle"):
+        read_lora_dir(path)
+
+
+@pytest.mark.parametrize("patch,fragment", [
+    ({"peft_type": "IA3"}, "only LORA"),
+    ({"r": 0}, "r must be"),
+    ({"r": 8}, "expected rank 8"),
+    ({"use_dora": True}, "DoRA"),
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+    ({"lora_alpha": "big"}, "lora_alpha"),
+])
+def test_bad_adapter_config_is_refused(lora_factory, patch, fragment):
+    path = lora_factory()
+    config = json.loads((path / "adapter_config.json").read_text())
+    config.update(patch)
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidAdapter, match=fragment):
+        read_lora_dir(path)
+
+
+def test_config_that_is_not_json_is_refused(lora_factory):
+    path = lora_factory()
+    (path / "adapter_config.json").write_text("{not json")
+    with pytest.raises(InvalidAdapter, match="not valid JSON"):
+        read_lora_dir(path)
+
+
+def test_missing_files_are_named(tmp_path, lora_factory):
+    with pytest.raises(InvalidAdapter, match="not a directory"):
+        read_lora_dir(tmp_path / "nowhere")
+    path = lora_factory()
+    (path / "adapter_model.safetensors").unlink()
+    with pytest.raises(InvalidAdapter, match="no adapter_model.safetensors"):
+        read_lora_dir(path)
+
+
+def test_a_real_peft_adapter_imports(store, tiny_base_dir, tmp_path):
+    """What PEFT's own save_pretrained writes is accepted as is."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_base_dir)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    peft_model.save_pretrained(tmp_path / "peft")
+    result = policy.import_lora(store, load(), tmp_path / "peft", "real", base="tiny")
+    adapter = store.resolve("real")
+    assert result["kind"] == "lora" and adapter["rank"] == 4
+    assert len(adapter["target_modules"]) == 2 * 2  # q and v in both layers
+
+
+def test_cli_import_errors_are_one_line_with_exit_2(store, lora_factory):
+    path = corrupt(lora_factory(), CASES["truncated"])
+    result = run_cli("import", str(path), "--name", "bad", "--base", "tiny")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
