@@ -6,10 +6,10 @@ factors, an SVD of the small core) and p = its number of nonzero singular values
 
     C  = U_pᵀ τ V_p = (U_pᵀ s·B_τ)(A_τ V_p)                        [p, p]
     K  = removed_couplings(C, r),  r = split_rank(s_p, α)         (projection.py)
-    τ̃  = τ − U_p K V_pᵀ
-    Ŝ  = λ_{t−1} Δ_{t−1} + τ̃ = [U_p (λ_{t−1} diag(s_p) − K),  s·B_τ] @ [V_pᵀ; A_τ]
+    τ̃  = τ − U_p K V_pᵀ = [s·B_τ, −U_p K] @ [A_τ; V_pᵀ]              (`projected_update`)
+    Ŝ  = λ_{t−1} Δ_{t−1} + τ̃ = [λ_{t−1} U_p diag(s_p), s·B_τ, −U_p K] @ [V_pᵀ; A_τ; V_pᵀ]
 
-so Ŝ has rank ≤ p + rank(τ). Its thin SVD (again via QR) gives ‖Ŝ_m‖² = Σσ², hence
+so Ŝ has rank ≤ p + rank(τ) (the stacked factors repeat V_p; the QR absorbs that). Its thin SVD (again via QR) gives ‖Ŝ_m‖² = Σσ², hence
 λ_t = sqrt(Σ_m ‖Ŝ_m‖²)/a_t exactly as the dense path; Δ_t = Ŝ/λ_t is then re-factorised by
 truncated SVD to rank ≤ max_rank (None: keep every nonzero direction, which equals the dense
 path up to rounding). The σ² fraction kept is reported per module and overall.
@@ -73,6 +73,20 @@ def lowrank_opcm_init(tau: Adapter, max_rank: int | None = None) -> LowRankOPCMS
     return LowRankOPCMState(merged=merged, lam=1.0, norms=(adapter_norm(tau),), truncation=report)
 
 
+def projected_update(delta: ThinSVD, tau: LoraFactors, alpha: float) -> LoraFactors:
+    """τ̃ = τ − U_p K V_pᵀ as factors [s·B_τ, −U_p K] @ [A_τ; V_pᵀ] (rank ≤ rank(τ) + p).
+
+    `delta` is Δ_{t−1}'s thin SVD; only its p nonzero directions are used.
+    """
+    p = nonzero_count(delta.S)
+    dtype = compute_dtype(delta.U, tau.A, tau.B)
+    U, s, V = delta.U[:, :p].to(dtype), delta.S[:p].to(dtype), delta.V[:, :p].to(dtype)
+    B_tau, A_tau = tau.scaled_B().to(dtype), tau.A.to(dtype)  # τ = B_tau @ A_tau
+    coupling = (U.T @ B_tau) @ (A_tau @ V)  # [p, p], never out×in
+    removed = removed_couplings(coupling, split_rank(s, alpha))
+    return LoraFactors(torch.cat([A_tau, V.T], dim=0), torch.cat([B_tau, -(U @ removed)], dim=1), 1.0)
+
+
 def _summed_module(delta: LoraFactors | None, tau: LoraFactors | None, lam: float, alpha: float) -> ThinSVD:
     """SVD of Ŝ = λΔ + τ̃ for one module, from factors only."""
     if delta is None:  # nothing merged here yet: nothing to project against
@@ -84,13 +98,12 @@ def _summed_module(delta: LoraFactors | None, tau: LoraFactors | None, lam: floa
         return ThinSVD(U=U, S=lam * s, V=V)
     if tau.shape != delta.shape:
         raise IncompatibleAdapters(f"merged ΔW shape {delta.shape}, task vector {tau.shape}")
-    dtype = compute_dtype(U, tau.A, tau.B)
-    U, s, V = U.to(dtype), s.to(dtype), V.to(dtype)
-    B_tau, A_tau = tau.scaled_B().to(dtype), tau.A.to(dtype)  # τ = B_tau @ A_tau
-    coupling = (U.T @ B_tau) @ (A_tau @ V)  # [p, p]
-    removed = removed_couplings(coupling, split_rank(s, alpha))
-    left = U @ (lam * s.diag_embed() - removed)  # [out, p]
-    return product_svd(torch.cat([left, B_tau], dim=1), torch.cat([V.T, A_tau], dim=0))
+    update = projected_update(svd, tau, alpha)
+    dtype = update.A.dtype
+    # Ŝ = [λ U_p diag(s_p), B̃] @ [V_pᵀ; Ã]; the QR inside product_svd absorbs the repeated V_p.
+    B = torch.cat([U.to(dtype) * (lam * s.to(dtype)), update.B], dim=1)
+    A = torch.cat([V.T.to(dtype), update.A], dim=0)
+    return product_svd(B, A)
 
 
 def lowrank_opcm_step(

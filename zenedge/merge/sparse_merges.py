@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from zenedge.merge.errors import InvalidMergeOption
-from zenedge.merge.factors import Adapter, module_union
+from zenedge.merge.factors import Adapter, module_union, require_finite_tensor
 from zenedge.merge.product_svd import dense_svd, truncate_all
 from zenedge.merge.result import MergeResult, RankCap, merge_method, resolve_rank_cap
 
@@ -126,6 +126,7 @@ def _sparse_merge(
             merged = (stacked * w.reshape(-1, 1, 1)).sum(dim=0)
         else:
             merged = elect_and_merge(stacked, w, elect)
+        require_finite_tensor(merged, f"{method}: merged ΔW of module {name!r} (the inputs were finite: it overflowed)")
         svds[name] = dense_svd(merged)
     factors, report = truncate_all(svds, cap)
     details = {"weights": weights, "density": density, "sign_method": elect, "seed": seed if drop == "random" else None}
