@@ -32,10 +32,33 @@ def tiny_base_dir(tmp_path_factory) -> Path:
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
                          tie_word_embeddings=True)
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = 1, 2, 0
     model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = 2
     path = tmp_path_factory.mktemp("tiny-base")
     model.save_pretrained(path, safe_serialization=True)
+    tiny_tokenizer().save_pretrained(path)
     return path
+
+
+def tiny_tokenizer():
+    """A character-level tokenizer with a ChatML template: enough to exercise chat encoding,
+    incremental detokenisation and stop strings without any downloaded vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    core = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(specials + chars)},
+                                      unk_token="<|endoftext|>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                        pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return tokenizer
 
 
 def tiny_module_shapes(base_dir: Path) -> dict[str, tuple[int, int]]:

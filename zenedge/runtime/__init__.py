@@ -1,0 +1,1 @@
+"""Inference: one resident base, variants (LoRA, BitDelta, merged) applied per batch row."""

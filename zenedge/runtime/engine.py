@@ -1,0 +1,123 @@
+"""The engine: resident bases, the delta cache and the router behind one small API that the CLI,
+the daemon and the benchmarks share."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+from zenedge import bases
+from zenedge.config import Config
+from zenedge.errors import InvalidInput
+from zenedge.runtime.cache import DeltaCache
+from zenedge.runtime.device import pick_device, pick_dtype
+from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, encode_chat, encode_text, generate
+from zenedge.runtime.model import ResidentModel, load_resident
+from zenedge.runtime.router import Route, Router
+from zenedge.runtime.variants import Variant, load_bitdelta, load_lora
+from zenedge.store import Store
+
+
+@dataclass
+class Prompt:
+    """What a request asks for: chat messages (templated) or raw text."""
+
+    messages: Sequence[dict] | None = None
+    text: str | None = None
+
+    def encode(self, tokenizer) -> list[int]:
+        if self.messages is not None:
+            return encode_chat(tokenizer, self.messages)
+        if self.text is not None:
+            return encode_text(tokenizer, self.text)
+        raise InvalidInput("a request needs messages or a prompt")
+
+
+@dataclass
+class Completion:
+    model: str
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+class Engine:
+    def __init__(self, store: Store, cfg: Config, progress: Callable[[str], None] | None = None):
+        self.store = store
+        self.cfg = cfg
+        self.device = pick_device(cfg.get("runtime", "device"))
+        self.dtype = pick_dtype(cfg.get("runtime", "dtype"), self.device)
+        self.cache = DeltaCache(cfg.get("runtime", "cache_budget"), set(cfg.get("runtime", "pinned")))
+        self.router = Router(store)
+        self.progress = progress
+        self._residents: dict[str, ResidentModel] = {}
+        self._resident_lock = threading.Lock()
+
+    # -- loading -------------------------------------------------------------------------------
+    def resident(self, base: str) -> ResidentModel:
+        with self._resident_lock:  # single-flight: one load per base, others wait
+            if base not in self._residents:
+                row = bases.ensure_base(self.store, base, progress=self.progress)
+                directory = self.store.home / row["dir"]
+                self._residents[base] = load_resident(row["name"], directory, self.device, self.dtype)
+            return self._residents[base]
+
+    def variant(self, route: Route) -> Variant | None:
+        if route.adapter is None:
+            return None
+        adapter = route.adapter
+        return self.cache.get(adapter["id"], lambda: self._load_variant(adapter), name=route.name)
+
+    def _load_variant(self, adapter: dict[str, Any]) -> Variant:
+        path = self.store.blob_path(adapter["sha256"])
+        if adapter["kind"] == "bitdelta":
+            return load_bitdelta(adapter["id"], path, self.device)
+        return load_lora(adapter["id"], adapter["kind"], path, adapter["config"], self.device, self.dtype)
+
+    # -- generation ----------------------------------------------------------------------------
+    def _prepare(self, name: str, prompt: Prompt, params: SamplingParams) -> tuple[Route, ResidentModel, GenerationRequest]:
+        route = self.router.route(name)
+        resident = self.resident(route.base)
+        request = GenerationRequest(prompt.encode(resident.tokenizer), self.variant(route), params)
+        if route.adapter is not None:
+            self.store.record_requests(route.adapter["id"])
+        return route, resident, request
+
+    def stream(self, name: str, prompt: Prompt, params: SamplingParams = SamplingParams()) -> Iterator[Delta]:
+        """One request, streamed: yields each step's Delta (text may be empty while holding back)."""
+        route, resident, request = self._prepare(name, prompt, params)
+        with self.router.inflight(route):
+            for deltas in generate(resident, [request]):
+                yield from deltas
+
+    def complete(self, name: str, prompt: Prompt, params: SamplingParams = SamplingParams()) -> Completion:
+        return self.complete_batch([(name, prompt, params)])[0]
+
+    def complete_batch(self, items: Sequence[tuple[str, Prompt, SamplingParams]]) -> list[Completion]:
+        """Several requests, possibly for different variants of one base, in one batch."""
+        prepared = [self._prepare(name, prompt, params) for name, prompt, params in items]
+        residents = {id(r) for _, r, _ in prepared}
+        if len(residents) != 1:
+            raise InvalidInput("a batch must use variants of one base")
+        resident = prepared[0][1]
+        texts = [""] * len(items)
+        tokens = [0] * len(items)
+        reasons = ["length"] * len(items)
+        for deltas in generate(resident, [request for _, _, request in prepared]):
+            for delta in deltas:
+                texts[delta.index] += delta.text
+                tokens[delta.index] += 1
+                if delta.finish_reason:
+                    reasons[delta.index] = delta.finish_reason
+        return [Completion(name, texts[i], len(prepared[i][2].input_ids), tokens[i], reasons[i])
+                for i, (name, _, _) in enumerate(items)]
+
+    def ps(self) -> dict[str, Any]:
+        return {
+            "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+            "bases": [{"name": r.name, "load_seconds": r.load_seconds} for r in self._residents.values()],
+            "cache_budget_bytes": self.cache.budget, "cache_used_bytes": self.cache.used_bytes,
+            "variants": self.cache.snapshot(), "inflight": self.router.inflight_counts(),
+        }

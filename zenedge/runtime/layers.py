@@ -1,0 +1,132 @@
+"""The model transform: target nn.Linear modules become VariantLinear, which adds, per batch row,
+that row's variant (LoRA low-rank path, BitDelta 1-bit path) on top of the untouched base weight.
+
+The model itself knows nothing about adapters (as in gpt-fast, the transform is applied from
+outside). Which variant each row uses is set for a forward pass through a shared `RowVariants`
+object, so one forward serves a mixed batch.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from zenedge.runtime.variants import BitDeltaModule, LoraModule, Variant
+
+
+@dataclass
+class RowVariants:
+    """Per-row variants of the current batch (None = the plain base), grouped once per batch."""
+
+    rows: list[Variant | None] = field(default_factory=list)
+    groups: list[tuple[Variant, torch.Tensor]] = field(default_factory=list)  # (variant, row indices)
+    uniform: Variant | None = None  # set when every row uses the same variant (the common case)
+
+    @classmethod
+    def build(cls, rows: Sequence[Variant | None], device: torch.device) -> "RowVariants":
+        distinct: dict[str, tuple[Variant, list[int]]] = {}
+        for i, variant in enumerate(rows):
+            if variant is not None:
+                distinct.setdefault(variant.key, (variant, []))[1].append(i)
+        uniform = None
+        if len(distinct) == 1:
+            variant, idx = next(iter(distinct.values()))
+            uniform = variant if len(idx) == len(rows) else None
+        groups = [(v, torch.tensor(idx, device=device, dtype=torch.long)) for v, idx in distinct.values()]
+        return cls(list(rows), groups, uniform)
+
+
+class VariantLinear(nn.Module):
+    """y = x·Wᵀ (+b) + the row's variant delta. W stays the base's tensor, never modified."""
+
+    def __init__(self, base: nn.Linear, name: str, state: "VariantState"):
+        super().__init__()
+        self.base = base
+        self.name = name
+        self.state = state
+
+    @property
+    def weight(self) -> torch.Tensor:  # transformers sometimes peeks at .weight (dtype/device)
+        return self.base.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, T, in] during generation: batch rows are requests, each with its own variant.
+        batch = self.state.current
+        if batch is None or not batch.groups:
+            return self.base(x)
+        if batch.uniform is not None:  # one variant for the whole batch: no gathers
+            module = batch.uniform.modules.get(self.name)
+            if module is None:
+                return self.base(x)
+            if isinstance(module, BitDeltaModule):
+                return self._bitdelta(x, module)
+            return self.base(x) + self._lora(x, module)
+        y = self.base(x)
+        for variant, idx in batch.groups:
+            module = variant.modules.get(self.name)
+            if module is None:
+                continue
+            rows = x.index_select(0, idx)
+            if isinstance(module, LoraModule):
+                y.index_add_(0, idx, self._lora(rows, module))
+            else:  # BitDelta rows: the fused path gives base + delta, replacing the base rows
+                y.index_copy_(0, idx, self._bitdelta(rows, module))
+        return y
+
+    @staticmethod
+    def _lora(x: torch.Tensor, module: LoraModule) -> torch.Tensor:
+        # Low rank first: [*, in]·Aᵀ → [*, r] is tiny, so the delta costs ~2·r·(in+out) per token.
+        return (x @ module.A.t()) @ module.B.t() * module.scale
+
+    def _bitdelta(self, x: torch.Tensor, module: BitDeltaModule) -> torch.Tensor:
+        """x·(W + α⊙S)ᵀ + b through the fused kernel (CUDA) or the CPU path, never materialising
+        W+α⊙S, unless the cache holds a reconstructed dense weight for this hot variant."""
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        if module.dense is not None:
+            out = torch.nn.functional.linear(flat, module.dense, self.base.bias)
+        else:
+            from zenedge.kernels import bitdelta_linear
+
+            out = bitdelta_linear(flat, self.base.weight, module.packed, module.alpha, self.base.bias)
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+
+class VariantState:
+    """Shared by every VariantLinear of one model: the batch's per-row variants."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.current: RowVariants | None = None
+
+    @contextmanager
+    def using(self, rows: Sequence[Variant | None]) -> Iterator[RowVariants]:
+        previous = self.current
+        self.current = RowVariants.build(rows, self.device)
+        try:
+            yield self.current
+        finally:
+            self.current = previous
+
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def patch_model(model: nn.Module, device: torch.device, targets: Sequence[str] = DEFAULT_TARGETS) -> VariantState:
+    """Swap every target nn.Linear inside the decoder layers for a VariantLinear (in place).
+    Returns the shared state through which batches select their variants."""
+    state = VariantState(device)
+    replacements = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in targets and ".layers." in f".{name}":
+            replacements.append((name, module))
+    for name, module in replacements:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, VariantLinear(module, name, state))
+    state.modules = [name for name, _ in replacements]
+    return state

@@ -1,0 +1,45 @@
+"""The resident base: a plain transformers causal LM loaded from the store, patched once so that
+its target linears can carry per-row variants."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from zenedge.runtime.layers import VariantState, patch_model
+
+
+@dataclass
+class ResidentModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    state: VariantState
+    device: torch.device
+    dtype: torch.dtype
+    load_seconds: float
+    eos_ids: tuple[int, ...]
+
+    @property
+    def target_modules(self) -> list[str]:
+        return self.state.modules
+
+
+def load_resident(name: str, directory: Path, device: torch.device, dtype: torch.dtype) -> ResidentModel:
+    """Load a Hugging Face directory (config.json + safetensors) as the resident base."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, use_safetensors=True)
+    model.to(device).eval()
+    model.requires_grad_(False)
+    state = patch_model(model, device)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    eos = model.generation_config.eos_token_id
+    eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
+    return ResidentModel(name, model, tokenizer, state, device, dtype, time.perf_counter() - start, eos_ids)
