@@ -120,8 +120,19 @@ def test_index_handles_float32_and_bfloat16_factors():
     as32 = {n: LoraFactors(f.A.float(), f.B.float(), f.scale) for n, f in a.items()}
     as16 = {n: LoraFactors(f.A.bfloat16(), f.B.bfloat16(), f.scale) for n, f in a.items()}
     index = SimilarityIndex({"32": as32, "16": as16})
-    sims = dict(index.query(a))
+    sims = index.cosines(a)
     assert sims["32"] == pytest.approx(1.0, abs=1e-6)
     assert sims["16"] == pytest.approx(1.0, abs=1e-2)
     assert all(math.isfinite(s) for s in sims.values())
 
+
+
+def test_index_follows_adds_and_removes():
+    new = random_adapter(13)
+    index = SimilarityIndex({"x": random_adapter(14)})
+    index.add("same", new)
+    assert index.query(new)[0] == ("same", pytest.approx(1.0, abs=1e-12))
+    index.add("same", negated(new))  # replacing a member
+    assert index.cosines(new)["same"] == pytest.approx(-1.0, abs=1e-12)
+    index.remove("same")
+    assert index.ids == ["x"]

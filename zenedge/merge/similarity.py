@@ -17,8 +17,15 @@ ignoring the α/r scaling. Here:
   or inf entry makes ‖BA‖² non-finite), so no separate pass over the pool is needed; a finite
   ΔW whose squared norm overflows is rejected the same way.
 
-`SimilarityIndex` computes the pool's per-module norms once and answers queries with two small
-Gram products per (member, shared module); `rank_by_similarity` builds one and queries it.
+`SimilarityIndex` keeps a pool's per-module norms (add/remove members as the pool changes) and
+answers a query with two small Gram products per (member, shared module). `lora_cosine` and
+`rank_by_similarity` are one-off uses of the same code.
+
+Why numpy in the inner loop: the products are tiny (576×8 by 576×8), so per-call overhead
+dominates, and numpy's is about a third of torch's (measured 14 µs against 38 µs a pair).
+Why no stacking of the pool into [n, out, r] batches: the copy costs more than the queries a
+pool sees (measured 1.25 s to stack 100 smollm2-sized adapters, mostly page faults on fresh
+memory, against 0.13 s a batched query), and doubles the memory the pool takes.
 """
 
 from __future__ import annotations
@@ -32,127 +39,116 @@ import torch
 from torch import Tensor
 
 from zenedge.merge.errors import IncompatibleAdapters, NonFiniteValues
-from zenedge.merge.factors import Adapter, LoraFactors, compute_dtype, factor_inner, factor_norm_sq
-
-
-def _require_finite(value: float | Tensor, what: str) -> None:
-    ok = math.isfinite(value) if isinstance(value, float) else bool(torch.isfinite(value).all())
-    if not ok:
-        raise NonFiniteValues(f"{what}: ΔW holds NaN or inf values (or its norm overflows)")
-
-
-def module_cosine(x: LoraFactors, y: LoraFactors, name: str = "module") -> float:
-    """cos of the flattened ΔW of one module; 0 when either ΔW is zero."""
-    norm_sq_x, norm_sq_y = float(factor_norm_sq(x)), float(factor_norm_sq(y))
-    _require_finite(norm_sq_x, f"first adapter, {name!r}")
-    _require_finite(norm_sq_y, f"second adapter, {name!r}")
-    denom = math.sqrt(norm_sq_x) * math.sqrt(norm_sq_y)
-    if denom <= 0.0:
-        return 0.0
-    return max(-1.0, min(1.0, float(factor_inner(x, y)) / denom))
-
-
-def module_cosines(a: Adapter, b: Adapter) -> dict[str, float]:
-    """cos per shared module, in a's module order."""
-    return {name: module_cosine(f, b[name], name) for name, f in a.items() if name in b}
-
-
-def lora_cosine(a: Adapter, b: Adapter) -> float:
-    """K-Merge similarity: mean over shared modules of cos(flat(ΔW_a), flat(ΔW_b))."""
-    per_module = module_cosines(a, b)
-    if not per_module:
-        return 0.0
-    return sum(per_module.values()) / len(per_module)
+from zenedge.merge.factors import Adapter, LoraFactors
 
 
 @dataclass(frozen=True)
-class _Member:
-    """One pool member's module, as numpy views of its factors (no copy for fp32/fp64)."""
+class _Module:
+    """One module's factors as numpy views (no copy for float32/float64 on the CPU)."""
 
-    B: np.ndarray  # [out, r]
+    B: np.ndarray  # [out, r], scale NOT folded in (folding would copy)
     A: np.ndarray  # [r, in]
     scale: float
     norm: float  # ‖ΔW‖_F, scale included
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.B.shape[0], self.A.shape[1])
+
 
 def _as_numpy(t: Tensor) -> np.ndarray:
-    # numpy has no bfloat16: half-precision factors are widened (the only copy the index makes).
+    # numpy has no bfloat16: half-precision factors are widened (the only copy made here).
     if t.dtype not in (torch.float32, torch.float64):
         t = t.to(torch.float32)
     return t.detach().cpu().numpy()
 
 
-def _member(f: LoraFactors, what: str) -> _Member:
+def _module(f: LoraFactors, what: str) -> _Module:
     B, A = _as_numpy(f.B), _as_numpy(f.A)
-    norm_sq = float(f.scale) ** 2 * float(np.vdot(B.T @ B, A @ A.T))  # NaN/inf reported by name
-    _require_finite(norm_sq, what)
-    return _Member(B, A, float(f.scale), math.sqrt(max(norm_sq, 0.0)))
+    norm_sq = float(f.scale) ** 2 * float(np.vdot(B.T @ B, A @ A.T))
+    if not math.isfinite(norm_sq):
+        raise NonFiniteValues(f"{what}: ΔW holds NaN or inf values (or its norm overflows)")
+    return _Module(B, A, float(f.scale), math.sqrt(max(norm_sq, 0.0)))
+
+
+def _cosine(x: _Module, y: _Module) -> float:
+    denom = x.norm * y.norm
+    if denom <= 0.0:
+        return 0.0
+    inner = x.scale * y.scale * float(np.vdot(x.B.T @ y.B, x.A @ y.A.T))
+    return max(-1.0, min(1.0, inner / denom))
+
+
+def _prepared(adapter: Adapter, what: str) -> dict[str, _Module]:
+    return {name: _module(f, f"{what}, module {name!r}") for name, f in adapter.items()}
+
+
+def _require_same_shape(name: str, x: _Module, y: _Module) -> None:
+    if x.shape != y.shape:
+        raise IncompatibleAdapters(f"module {name!r}: ΔW shapes {x.shape} and {y.shape} differ")
+
+
+def _mean_cosine(x: dict[str, _Module], y: dict[str, _Module]) -> float:
+    total, shared = 0.0, 0
+    for name, mx in x.items():
+        my = y.get(name)
+        if my is None:
+            continue
+        _require_same_shape(name, mx, my)
+        total += _cosine(mx, my)
+        shared += 1
+    return total / shared if shared else 0.0
+
+
+def module_cosines(a: Adapter, b: Adapter) -> dict[str, float]:
+    """cos(flat ΔW_a, flat ΔW_b) per shared module, in a's module order."""
+    x, y = _prepared(a, "first adapter"), _prepared(b, "second adapter")
+    out = {}
+    for name, mx in x.items():
+        if name in y:
+            _require_same_shape(name, mx, y[name])
+            out[name] = _cosine(mx, y[name])
+    return out
+
+
+def lora_cosine(a: Adapter, b: Adapter) -> float:
+    """K-Merge similarity: mean over shared modules of cos(flat(ΔW_a), flat(ΔW_b))."""
+    return _mean_cosine(_prepared(a, "first adapter"), _prepared(b, "second adapter"))
 
 
 class SimilarityIndex:
-    """A pool of adapters prepared for repeated `lora_cosine` queries.
+    """A pool of adapters prepared for repeated similarity queries.
 
-    Holds views of the pool's factors (no copy: on a device the pool may be most of the memory
-    there is) and each member's per-module ‖ΔW‖, computed once. A query costs two r×r Gram
-    products per (member, shared module), O((out+in)·r·r_new) each.
-
-    Why numpy in the inner loop: the products are tiny (576×8 by 576×8), so per-call overhead
-    dominates, and numpy's is about a third of torch's (measured 14 µs against 38 µs a pair).
-    Why no stacking into [n, out, r] batches: the copy costs more than the queries a pool sees
-    (measured 1.25 s to stack 100 smollm2-sized adapters, mostly page faults on fresh memory).
+    Holds numpy views of the members' factors (no copy) and their per-module norms, computed
+    once per member; `add` and `remove` keep it in step with the pool, so an arrival costs one
+    query, not a rebuild.
     """
 
-    def __init__(self, pool: Mapping[Hashable, Adapter]):
-        self.ids: list[Hashable] = list(pool)
-        self._members: list[dict[str, _Member]] = []
-        self._shapes: dict[str, tuple[int, int]] = {}
-        for pool_id, adapter in pool.items():
-            members = {}
-            for name, f in adapter.items():
-                if self._shapes.setdefault(name, f.shape) != f.shape:
-                    raise IncompatibleAdapters(
-                        f"pool module {name!r} has ΔW shapes {self._shapes[name]} and {f.shape}"
-                    )
-                members[name] = _member(f, f"pool adapter {pool_id!r}, {name!r}")
-            self._members.append(members)
+    def __init__(self, pool: Mapping[Hashable, Adapter] | None = None):
+        self._members: dict[Hashable, dict[str, _Module]] = {}
+        for pool_id, adapter in (pool or {}).items():
+            self.add(pool_id, adapter)
 
-    def _prepare(self, new: Adapter) -> dict[str, _Member]:
-        prepared = {}
-        for name, f in new.items():
-            if name not in self._shapes:
-                continue
-            if f.shape != self._shapes[name]:
-                raise IncompatibleAdapters(
-                    f"module {name!r}: new ΔW shape {f.shape}, pool has {self._shapes[name]}"
-                )
-            q = _member(f, f"new adapter, {name!r}")
-            # Fold the scale and pre-transpose A once per query, not once per pool member.
-            prepared[name] = _Member(q.scale * q.B, np.ascontiguousarray(q.A.T), 1.0, q.norm)
-        return prepared
+    @property
+    def ids(self) -> list[Hashable]:
+        return list(self._members)
 
-    def cosines(self, new: Adapter) -> list[float]:
-        """Similarity of `new` to each pool member, in `ids` order (0 where nothing is shared)."""
-        prepared = self._prepare(new)
-        sims = []
-        for members in self._members:
-            total, shared = 0.0, 0
-            for name, m in members.items():
-                q = prepared.get(name)
-                if q is None:
-                    continue
-                shared += 1
-                denom = m.norm * q.norm
-                if denom > 0.0:
-                    inner = m.scale * float(np.vdot(m.B.T @ q.B, m.A @ q.A))  # q.A holds Aᵀ
-                    total += max(-1.0, min(1.0, inner / denom))
-            sims.append(total / shared if shared else 0.0)
-        return sims
+    def add(self, pool_id: Hashable, adapter: Adapter) -> None:
+        """Add (or replace) a member; the index keeps views of its factors, so do not mutate them."""
+        self._members[pool_id] = _prepared(adapter, f"pool adapter {pool_id!r}")
+
+    def remove(self, pool_id: Hashable) -> None:
+        del self._members[pool_id]
+
+    def cosines(self, new: Adapter) -> dict[Hashable, float]:
+        """Similarity of `new` to every member (0 where nothing is shared), in pool order."""
+        query = _prepared(new, "new adapter")
+        return {pool_id: _mean_cosine(members, query) for pool_id, members in self._members.items()}
 
     def query(self, new: Adapter) -> list[tuple[Hashable, float]]:
-        """Pool ids with their similarity to `new`, most similar first (ties: pool order)."""
+        """Member ids with their similarity to `new`, most similar first (ties: pool order)."""
         sims = self.cosines(new)
-        order = sorted(range(len(sims)), key=lambda i: -sims[i])
-        return [(self.ids[i], sims[i]) for i in order]
+        return sorted(sims.items(), key=lambda item: -item[1])
 
 
 def rank_by_similarity(new: Adapter, pool: Mapping[Hashable, Adapter]) -> list[tuple[Hashable, float]]:
