@@ -11,7 +11,7 @@ import sys
 import click
 
 from zenedge import __version__
-from zenedge.cli import base_cmds, budget_cmds, pool_cmds
+from zenedge.cli import base_cmds, budget_cmds, pool_cmds, run_cmds
 from zenedge.errors import ZenedgeError
 
 
@@ -24,6 +24,7 @@ def app() -> None:
 pool_cmds.register(app)
 app.add_command(budget_cmds.budget)
 app.add_command(base_cmds.base)
+app.add_command(run_cmds.run)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ cache); rows that finish keep a slot until the batch ends, their outputs ignored
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -41,6 +42,7 @@ class GenerationRequest:
     input_ids: list[int]
     variant: Variant | None
     params: SamplingParams = field(default_factory=SamplingParams)
+    cancelled: threading.Event | None = None   # set by a server when its client goes away
 
 
 @dataclass
@@ -70,6 +72,13 @@ def encode_text(tokenizer, prompt: str) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
+def cache_argument(model) -> str:
+    """The KV-cache keyword of this transformers version (`cache` since 5.x, `past_key_values` before)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class _Row:
     """Per-row decoding state: sampling, detokenisation, stop handling."""
 
@@ -77,6 +86,7 @@ class _Row:
                  device: torch.device):
         self.index = index
         self.params = request.params
+        self.cancelled = request.cancelled
         self.tokenizer = tokenizer
         self.eos_ids = set(eos_ids)
         self.ids: list[int] = []
@@ -151,15 +161,19 @@ def generate(resident: ResidentModel, requests: Sequence[GenerationRequest]) -> 
     input_ids, mask = input_ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = None
+    cache_kw = cache_argument(model)
     with torch.inference_mode(), resident.state.using([r.variant for r in requests]):
         step_ids = input_ids
         while True:
             out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
+                        use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+            cache = getattr(out, cache_kw)
             logits = out.logits[:, -1, :]  # [B, V]
             deltas, next_ids = [], []
             for row in rows:
+                if not row.done and row.cancelled is not None and row.cancelled.is_set():
+                    row.done = True
+                    deltas.append(Delta(row.index, "", None, "cancelled"))
                 if row.done:
                     next_ids.append(pad)
                     continue

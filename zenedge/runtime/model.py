@@ -31,7 +31,10 @@ class ResidentModel:
 def load_resident(name: str, directory: Path, device: torch.device, dtype: torch.dtype) -> ResidentModel:
     """Load a Hugging Face directory (config.json + safetensors) as the resident base."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # our CLI reports progress itself
+    hf_logging.set_verbosity_error()
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, use_safetensors=True)
