@@ -72,6 +72,9 @@ def test_rank_cap_and_counts_are_validated():
         merge("monosoup", adapters)
     with pytest.raises(InvalidMergeOption):
         merge("opcm", [])
+    for method in ("opcm", "opcm-dense"):
+        with pytest.raises(InvalidMergeOption, match="alpha"):
+            merge(method, adapters[:1], alpha=1.5)
 
 
 # --- kmerge-linear: PEFT "linear" in factor space ------------------------------------------

@@ -136,3 +136,11 @@ def test_index_follows_adds_and_removes():
     assert index.cosines(new)["same"] == pytest.approx(-1.0, abs=1e-12)
     index.remove("same")
     assert index.ids == ["x"]
+
+
+def test_design_tuple_form_is_accepted():
+    a, b = random_adapter(15, scale=1.0), random_adapter(16, scale=1.0)
+    as_tuples = {n: (f.A, f.B) for n, f in b.items()}
+    assert lora_cosine(a, as_tuples) == pytest.approx(lora_cosine(a, b), abs=1e-14)
+    with pytest.raises(IncompatibleAdapters, match="q_proj"):
+        lora_cosine(a, {"q_proj": "not factors"})

@@ -86,6 +86,20 @@ class LoraFactors:
 Adapter = Mapping[str, LoraFactors]
 
 
+def as_factors(value: LoraFactors | tuple, what: str) -> LoraFactors:
+    """Accept DESIGN.md's tuple form too: (A, B) means scale 1, (A, B, scale) as given."""
+    if isinstance(value, LoraFactors):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) in (2, 3) and all(isinstance(t, Tensor) for t in value[:2]):
+        return LoraFactors(*value)
+    raise IncompatibleAdapters(f"{what}: expected LoraFactors or (A, B[, scale]), got {type(value).__name__}")
+
+
+def as_adapter(adapter: Mapping[str, LoraFactors | tuple], what: str) -> dict[str, LoraFactors]:
+    """The adapter with every module as LoraFactors (tuples converted; tensors not copied)."""
+    return {name: as_factors(value, f"{what}, module {name!r}") for name, value in adapter.items()}
+
+
 def compute_dtype(*tensors: Tensor) -> torch.dtype:
     """The dtype arithmetic runs in: the promoted input dtype, at least float32."""
     dtype = torch.float32

@@ -37,6 +37,7 @@ from zenedge.merge.factors import (
     Adapter,
     LoraFactors,
     adapter_norm,
+    as_adapter,
     compute_dtype,
     module_union,
     require_finite_adapter,
@@ -68,6 +69,7 @@ class LowRankOPCMState:
 
 def lowrank_opcm_init(tau: Adapter, max_rank: int | None = None) -> LowRankOPCMState:
     """Δ_1 = τ_1 (re-factorised, balanced, capped at max_rank), λ_1 = 1."""
+    tau = as_adapter(tau, "task vector 1")
     require_finite_adapter(tau, "task vector 1")
     merged, report = truncate_all({name: factors_svd(f) for name, f in tau.items()}, max_rank)
     return LowRankOPCMState(merged=merged, lam=1.0, norms=(adapter_norm(tau),), truncation=report)
@@ -114,6 +116,7 @@ def lowrank_opcm_step(
 ) -> LowRankOPCMState:
     """Merge one more adapter into `state`; returns the new state (inputs untouched)."""
     alpha = require_alpha(alpha)
+    tau = as_adapter(tau, f"task vector {state.count + 1}")
     require_finite_adapter(tau, f"task vector {state.count + 1}")
     norms = state.norms + (adapter_norm(tau),)
     mean_norm = sum(norms) / len(norms)

@@ -28,6 +28,7 @@ from zenedge.merge.kmerge_linear import kmerge_linear
 from zenedge.merge.lowrank_opcm import lowrank_opcm_init, lowrank_opcm_step
 from zenedge.merge.opcm import opcm_fold
 from zenedge.merge.product_svd import dense_svd, truncate_all
+from zenedge.merge.projection import require_alpha
 from zenedge.merge.result import MergeFn, MergeResult, RankCap, merge_method, resolve_rank_cap
 from zenedge.merge.soups import monosoup, svd_soup
 from zenedge.merge.sparse_merges import dare_merge, dare_ties_merge, ties_merge
@@ -36,6 +37,7 @@ from zenedge.merge.sparse_merges import dare_merge, dare_ties_merge, ties_merge
 @merge_method("opcm", min_adapters=1)
 def opcm_lowrank(adapters: Sequence[Adapter], *, alpha: float = 0.5, max_rank: RankCap = "member") -> MergeResult:
     """Low-rank OPCM over the adapters in order, truncated to the cap after every step."""
+    alpha = require_alpha(alpha)
     cap = resolve_rank_cap(max_rank, adapters)
     state = lowrank_opcm_init(adapters[0], cap)
     energy_per_step = [state.truncation.energy_kept_overall]
@@ -49,6 +51,7 @@ def opcm_lowrank(adapters: Sequence[Adapter], *, alpha: float = 0.5, max_rank: R
 @merge_method("opcm-dense", min_adapters=1)
 def opcm_dense(adapters: Sequence[Adapter], *, alpha: float = 0.5, max_rank: RankCap = "member") -> MergeResult:
     """Dense OPCM on each adapter's ΔW = s·B·A, truncated to the cap once at the end."""
+    alpha = require_alpha(alpha)
     cap = resolve_rank_cap(max_rank, adapters)
     task_vectors = [{name: f.delta() for name, f in adapter.items()} for adapter in adapters]
     state = opcm_fold(task_vectors, alpha)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 from zenedge.merge.errors import InvalidMergeOption, NonFiniteValues
-from zenedge.merge.factors import Adapter, LoraFactors, require_finite_adapter, require_same_shapes
+from zenedge.merge.factors import Adapter, LoraFactors, as_adapter, require_finite_adapter, require_same_shapes
 from zenedge.merge.product_svd import TruncationReport
 
 RankCap = Union[int, Literal["member"], None]
@@ -51,7 +51,7 @@ def merge_method(name: str, *, min_adapters: int = 1, max_adapters: int | None =
     def wrap(fn: MergeFn) -> MergeFn:
         @functools.wraps(fn)
         def checked(adapters: Sequence[Adapter], **options: Any) -> MergeResult:
-            adapters = list(adapters)
+            adapters = [as_adapter(a, f"{name}: adapter {i}") for i, a in enumerate(adapters)]
             if len(adapters) < min_adapters or (max_adapters is not None and len(adapters) > max_adapters):
                 if max_adapters == min_adapters:
                     wanted = f"exactly {min_adapters}"

@@ -6,6 +6,7 @@ K-Merge (arXiv:2510.13537) scores a new LoRA against a slot by
 
 ignoring the α/r scaling. Here:
 
+* Modules may be given as LoraFactors or as DESIGN.md's (A, B) tuples (scale 1).
 * The mean runs over the modules the two adapters SHARE (K-Merge's adapters all target the
   same modules; ours may not). No shared module: similarity 0.
 * cos is taken on ΔW = scale·B·A. A positive scale cancels, so this is K-Merge's number for
@@ -39,7 +40,7 @@ import torch
 from torch import Tensor
 
 from zenedge.merge.errors import IncompatibleAdapters, NonFiniteValues
-from zenedge.merge.factors import Adapter, LoraFactors
+from zenedge.merge.factors import Adapter, LoraFactors, as_adapter
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def _cosine(x: _Module, y: _Module) -> float:
 
 
 def _prepared(adapter: Adapter, what: str) -> dict[str, _Module]:
-    return {name: _module(f, f"{what}, module {name!r}") for name, f in adapter.items()}
+    return {name: _module(f, f"{what}, module {name!r}") for name, f in as_adapter(adapter, what).items()}
 
 
 def _require_same_shape(name: str, x: _Module, y: _Module) -> None:
