@@ -13,7 +13,7 @@ from zenedge.merge.opcm import opcm_merge
 from zenedge.merge.soups import monosoup, svd_soup
 from zenedge.merge.sparse_merges import dare_merge, ties_merge
 
-from .helpers import dense, random_adapter, random_factors, seeds, snapshot, unchanged
+from .helpers import dense, random_adapter, seeds, snapshot, unchanged
 
 ALL = sorted(MERGE_METHODS)
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zenedge.merge.errors import UnknownMergeMethod
-from zenedge.merge.factors import Adapter, LoraFactors
+from zenedge.merge.factors import Adapter
 from zenedge.merge.kmerge_linear import kmerge_linear
 from zenedge.merge.lowrank_opcm import lowrank_opcm_init, lowrank_opcm_step
 from zenedge.merge.opcm import opcm_fold
@@ -81,5 +81,3 @@ def merge(method: str, adapters: Sequence[Adapter], **options: Any) -> MergeResu
         raise UnknownMergeMethod(f"unknown merge method {method!r}", hint=f"known: {known}") from None
     return fn(adapters, **options)
 
-
-__all__ = ["MERGE_METHODS", "MergeResult", "merge", "LoraFactors"]
