@@ -115,6 +115,13 @@ def test_running_average_weights():
     assert running_average_weights(4) == pytest.approx((0.75, 0.25))
     with pytest.raises(InvalidMergeOption):
         running_average_weights(0)
+    slot, new = random_adapter(6), random_adapter(7)
+    by_count = merge("kmerge-linear", [slot, new], members_after=4, max_rank=None)
+    by_weights = kmerge_linear([slot, new], weights=[0.75, 0.25], max_rank=None)
+    for name, f in by_count.adapter.items():
+        torch.testing.assert_close(f.delta(), by_weights.adapter[name].delta())
+    with pytest.raises(InvalidMergeOption):
+        kmerge_linear([slot, new], members_after=3, weights=[0.5, 0.5])
 
 
 def _tiny_peft_model():

@@ -15,7 +15,8 @@ share a basis. This is the published baseline our product-space merges are meant
 
 As in PEFT: all members of a module must have the same rank (the result keeps it); an
 adapter that lacks a module simply does not contribute there (no renormalisation); weights
-default to equal (1/k each), which for two adapters is K-Merge's first merge (n = 2).
+default to equal (1/k each), which for two adapters is K-Merge's first merge (n = 2);
+`members_after=n` gives K-Merge's running average for [slot, new].
 
 Beyond PEFT: if the common rank exceeds the rank cap, the factor-space result is truncated by
 SVD of its product (reported); otherwise the factors are returned as PEFT computes them.
@@ -71,9 +72,17 @@ def kmerge_linear(
     adapters: Sequence[Adapter],
     *,
     weights: Sequence[float] | None = None,
+    members_after: int | None = None,
     max_rank: RankCap = "member",
 ) -> MergeResult:
-    """K-Merge/PEFT "linear" merge in factor space (cross terms included), rank-capped."""
+    """K-Merge/PEFT "linear" merge in factor space (cross terms included), rank-capped.
+
+    `members_after=n` with adapters [slot, new] uses K-Merge's weights [1 − 1/n, 1/n].
+    """
+    if members_after is not None:
+        if weights is not None or len(adapters) != 2:
+            raise InvalidMergeOption("members_after takes exactly [slot, new] and no explicit weights")
+        weights = running_average_weights(members_after)
     weights = _weights(weights, len(adapters))
     cap = resolve_rank_cap(max_rank, adapters)
     merged: dict[str, LoraFactors] = {}
