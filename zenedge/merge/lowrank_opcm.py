@@ -9,8 +9,9 @@ factors, an SVD of the small core) and p = its number of nonzero singular values
     τ̃  = τ − U_p K V_pᵀ = [s·B_τ, −U_p K] @ [A_τ; V_pᵀ]              (`projected_update`)
     Ŝ  = λ_{t−1} Δ_{t−1} + τ̃ = [λ_{t−1} U_p diag(s_p), s·B_τ, −U_p K] @ [V_pᵀ; A_τ; V_pᵀ]
 
-so Ŝ has rank ≤ p + rank(τ) (the stacked factors repeat V_p; the QR absorbs that). Its thin SVD (again via QR) gives ‖Ŝ_m‖² = Σσ², hence
-λ_t = sqrt(Σ_m ‖Ŝ_m‖²)/a_t exactly as the dense path; Δ_t = Ŝ/λ_t is then re-factorised by
+so Ŝ has rank ≤ p + rank(τ) (the stacked factors repeat V_p; the QR absorbs that), and
+memory stays O((out + in)·(2p + rank(τ))). Its thin SVD (again via QR) gives ‖Ŝ_m‖² = Σσ²,
+hence λ_t = sqrt(Σ_m ‖Ŝ_m‖²)/a_t exactly as the dense path; Δ_t = Ŝ/λ_t is then re-factorised by
 truncated SVD to rank ≤ max_rank (None: keep every nonzero direction, which equals the dense
 path up to rounding). The σ² fraction kept is reported per module and overall.
 
