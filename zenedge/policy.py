@@ -16,7 +16,7 @@ from zenedge import config as config_mod
 from zenedge.adapters.peft_lora import read_lora_dir
 from zenedge.bases import DEFAULT_BASE, _by_alias
 from zenedge.config import Config
-from zenedge.errors import BaseNotFound, BudgetExceeded
+from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter
 from zenedge.names import check_name
 from zenedge.sizes import format_size
 from zenedge.store import NewAdapter, NewName, Store
@@ -62,6 +62,51 @@ def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str |
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
                     origin=adapter.origin)
     return store_adapter(store, cfg, adapter, entry)
+
+
+def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
+                    eval_path: Path | None = None, version: str = "", description: str = "",
+                    origin: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate a BitDelta file (format, shapes against the base, base hash) and store it."""
+    from zenedge.bitdelta.format import load_bitdelta
+
+    check_name(name, "profile name")
+    base_row = resolve_base(store, base)
+    try:
+        delta = load_bitdelta(Path(path))
+    except (ValueError, OSError) as exc:
+        raise InvalidAdapter(f"{Path(path).name}: {exc}") from None
+    modules = base_row["modules"]
+    for module, entry in delta.modules.items():
+        shape = modules.get(module)
+        if shape is None or shape[0] != entry.packed.shape[0] or shape[1] != entry.in_features:
+            raise InvalidAdapter(f"{Path(path).name}: module {module!r} does not match the base {base_row['name']!r}")
+    expected = delta.metadata.get("base_sha256")
+    if expected and expected != base_row["sha256"] and expected != base_row.get("weights_sha256"):
+        raise InvalidAdapter(f"{Path(path).name}: made for a different base (sha256 {expected[:12]}…)")
+    adapter = NewAdapter(
+        kind="bitdelta", base=base_row["name"], weights=Path(path), rank=0,
+        target_modules=sorted(delta.modules), config={k: v for k, v in delta.metadata.items()},
+        origin=origin or {"source": "import", "path": str(Path(path).resolve())},
+        pinned=name in cfg.get("runtime", "pinned"),
+    )
+    entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
+                    origin=adapter.origin)
+    return store_adapter(store, cfg, adapter, entry)
+
+
+def check_admission(store: Store, cfg: Config, name: str, size: int) -> None:
+    """Before a download: refuse early when `size` more bytes cannot fit the budget."""
+    used = store.used_bytes()
+    row = store.name(name)
+    if row is not None and len(store.names_of(row["adapter_id"])) == 1:
+        used -= store.adapter(row["adapter_id"])["bytes"]  # re-pulling a name replaces its adapter
+    if used + size > cfg.budget:
+        raise BudgetExceeded(
+            f"{name!r} needs {format_size(size)} but only {format_size(max(0, cfg.budget - used))} "
+            f"of the {format_size(cfg.budget)} budget is free",
+            hint="free space with `zenedge rm NAME` or raise it with `zenedge budget set SIZE`",
+        )
 
 
 def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName,

@@ -11,7 +11,7 @@ import sys
 import click
 
 from zenedge import __version__
-from zenedge.cli import base_cmds, budget_cmds, pool_cmds, run_cmds
+from zenedge.cli import base_cmds, budget_cmds, pool_cmds, registry_cmds, run_cmds
 from zenedge.errors import ZenedgeError
 
 
@@ -25,6 +25,8 @@ pool_cmds.register(app)
 app.add_command(budget_cmds.budget)
 app.add_command(base_cmds.base)
 app.add_command(run_cmds.run)
+for command in (registry_cmds.search, registry_cmds.pull, registry_cmds.registry):
+    app.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,1 @@
+"""The embedded registry (profiles/ in the repository, zenedge.profiles when installed)."""

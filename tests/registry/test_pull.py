@@ -1,0 +1,229 @@
+"""Pulling through a real HTTP server on 127.0.0.1 (with Range support and injected faults)."""
+
+import json
+import shutil
+import threading
+
+import pytest
+
+from tests.conftest import tiny_module_shapes, write_lora_dir
+from zenedge import config
+from zenedge.errors import BudgetExceeded, DigestMismatch, ProfileNotFound, RegistryError
+from zenedge.registry.builder import build_registry
+from zenedge.registry.pull import pull, search
+from zenedge.registry.serve import RangeRequestHandler, make_server
+
+
+class FaultyHandler(RangeRequestHandler):
+    """Serves files, but can drop a connection mid-file, corrupt bytes, or lie about lengths."""
+
+    faults: dict = {}
+    log: list = []
+
+    def send_head(self):
+        self.log.append((self.path, self.headers.get("Range")))
+        name = self.path.rsplit("/", 1)[-1]
+        fault = self.faults.get(name)
+        if fault is None:
+            return super().send_head()
+        path = self.translate_path(self.path)
+        data = open(path, "rb").read()
+        kind = fault["kind"]
+        if kind == "drop" and fault.get("left", 1) > 0 and not self.headers.get("Range"):
+            fault["left"] = fault.get("left", 1) - 1
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            raise ConnectionAbortedError  # ends this request mid-body
+        if kind == "drop":
+            return super().send_head()
+        body = {"corrupt": lambda d: d[:-1] + bytes([d[-1] ^ 0xFF]),
+                "longer": lambda d: d + b"extra bytes the manifest never promised",
+                "shorter": lambda d: d[:-10]}[kind](data)
+        self.send_response(200)
+        length = {"wrong-length": len(data) + 5, "shorter": len(data)}.get(kind, len(body))
+        self.close_connection = kind == "shorter"  # promise everything, send less, hang up
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+        import io
+        return io.BytesIO(body)
+
+    def copyfile(self, source, outputfile):
+        try:
+            super().copyfile(source, outputfile)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def handle_one_request(self):
+        try:
+            super().handle_one_request()
+        except ConnectionAbortedError:
+            self.close_connection = True
+
+
+@pytest.fixture
+def registry_dir(tmp_path, tiny_base_dir, store):
+    """A registry of three tiny profiles (two LoRA, one sharing weights) for the `tiny` base."""
+    root = tmp_path / "registry"
+    shapes = tiny_module_shapes(tiny_base_dir)
+    base_sha = store.base("tiny")["sha256"]
+    for name, seed, rank in [("writer", 1, 8), ("coder", 2, 32), ("writer-copy", 1, 8)]:
+        folder = root / name
+        write_lora_dir(folder / "adapter", shapes, seed=seed, rank=rank)
+        (folder / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"q{i}", "answer": f"a{i}"}) + "\n"
+                                                   for i in range(50)))
+        (folder / "recipe.json").write_text(json.dumps({
+            "name": name, "version": "1.0.0", "description": f"{name} for tests", "kind": "lora",
+            "license": "CC0-1.0", "metric": "exact_match", "base": {"name": "tiny", "sha256": base_sha}}))
+    build_registry(root)
+    return root
+
+
+@pytest.fixture
+def server(registry_dir):
+    FaultyHandler.faults, FaultyHandler.log = {}, []
+    import functools
+    import http.server
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(FaultyHandler, directory=str(registry_dir)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", FaultyHandler
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def http_cfg(tmp_path, url, extra=""):
+    path = tmp_path / "config" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'[registry]\nurls = ["{url}"]\n{extra}')
+    return config.load(path)
+
+
+def nothing_left_behind(store):
+    assert store.names() == []
+    assert list(store.blobs.digests()) == []
+    assert list((store.home / "partial").glob("*")) == [] if (store.home / "partial").exists() else True
+    assert store.check() == []
+
+
+def test_pull_over_http_lands_in_the_pool(store, server, tmp_path):
+    url, _ = server
+    events = []
+    result = pull(store, http_cfg(tmp_path, url), "writer", progress=events.append)
+    assert result["name"] == "writer" and result["kind"] == "lora" and not result["up_to_date"]
+    row = store.name("writer")
+    assert row["version"] == "1.0.0" and row["eval_blob"] and row["origin"]["registry"] == url
+    assert any(e.get("status") == "downloading" for e in events)
+    assert store.check() == []
+
+
+def test_search_lists_every_profile_with_its_kind(store, server, tmp_path):
+    url, _ = server
+    rows = search(http_cfg(tmp_path, url))
+    assert [r["name"] for r in rows] == ["coder", "writer", "writer-copy"]
+    assert all(r["kind"] == "lora" and r["bytes"] > 0 for r in rows)
+    assert [r["name"] for r in search(http_cfg(tmp_path, url), "cod")] == ["coder"]
+
+
+def test_dropped_connection_resumes_with_range(store, server, tmp_path):
+    url, handler = server
+    handler.faults["adapter_model.safetensors"] = {"kind": "drop", "left": 1}
+    pull(store, http_cfg(tmp_path, url), "coder")
+    ranges = [r for p, r in handler.log if p.endswith("adapter_model.safetensors")]
+    assert ranges[0] is None and ranges[-1] is not None and ranges[-1].startswith("bytes=")
+    assert store.resolve("coder")["kind"] == "lora"
+
+
+@pytest.mark.parametrize("kind,error", [("corrupt", DigestMismatch), ("longer", RegistryError),
+                                        ("wrong-length", RegistryError)])
+def test_bad_bodies_are_refused_and_leave_nothing(store, server, tmp_path, kind, error):
+    url, handler = server
+    handler.faults["adapter_model.safetensors"] = {"kind": kind}
+    with pytest.raises(error):
+        pull(store, http_cfg(tmp_path, url), "writer")
+    nothing_left_behind(store)
+
+
+def test_truncated_body_fails_after_retries_and_resumes_later(store, server, tmp_path, monkeypatch):
+    url, handler = server
+    monkeypatch.setattr("zenedge.registry.download.time.sleep", lambda s: None)
+    handler.faults["adapter_model.safetensors"] = {"kind": "shorter"}
+    with pytest.raises(RegistryError, match="resume"):
+        pull(store, http_cfg(tmp_path, url), "writer")
+    assert store.names() == []
+    del handler.faults["adapter_model.safetensors"]
+    pull(store, http_cfg(tmp_path, url), "writer")  # picks up the partial file
+    assert store.resolve("writer")
+    assert store.check() == []
+
+
+def test_unknown_name_suggests_close_ones(store, server, tmp_path):
+    url, _ = server
+    with pytest.raises(ProfileNotFound, match="did you mean writer"):
+        pull(store, http_cfg(tmp_path, url), "writr")
+
+
+def test_unreachable_registry_is_a_clear_error(store, tmp_path):
+    with pytest.raises(RegistryError, match="unreachable"):
+        pull(store, http_cfg(tmp_path, "http://127.0.0.1:9"), "writer")
+    nothing_left_behind(store)
+
+
+def test_same_weights_are_not_downloaded_twice(store, server, tmp_path):
+    url, handler = server
+    cfg = http_cfg(tmp_path, url)
+    pull(store, cfg, "writer")
+    handler.log.clear()
+    again = pull(store, cfg, "writer")
+    assert again["up_to_date"] and not [p for p, _ in handler.log if p.endswith(".safetensors")]
+    pull(store, cfg, "writer-copy")  # same weights, other name: dedup by digest
+    assert not [p for p, _ in handler.log if p.endswith(".safetensors")]
+    assert store.resolve("writer")["id"] == store.resolve("writer-copy")["id"]
+    assert store.usage().adapters == 1
+
+
+def test_budget_is_checked_before_downloading(store, server, tmp_path):
+    url, handler = server
+    with pytest.raises(BudgetExceeded):
+        pull(store, http_cfg(tmp_path, url, '[pool]\nbudget = "1000B"\n'), "writer")
+    assert not [p for p, _ in handler.log if p.endswith(".safetensors")]
+    nothing_left_behind(store)
+
+
+def edit_manifest(registry_dir, name, fn):
+    path = registry_dir / name / "manifest.json"
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("mutation,fragment", [
+    (lambda m: m["files"][1].update(path="../../etc/passwd"), "unsafe file path"),
+    (lambda m: m["files"][1].update(path="/etc/passwd"), "unsafe file path"),
+    (lambda m: m["base"].update(sha256="0" * 64), "different"),
+    (lambda m: m["base"].update(name="llama-70b"), "not registered"),
+    (lambda m: m.update(kind="full"), "kind must be"),
+    (lambda m: m["files"][1].update(sha256="xyz"), "invalid sha256"),
+])
+def test_hostile_or_foreign_manifests_are_refused(store, server, registry_dir, tmp_path, mutation, fragment):
+    url, _ = server
+    edit_manifest(registry_dir, "writer", mutation)
+    with pytest.raises(RegistryError, match=fragment):
+        pull(store, http_cfg(tmp_path, url), "writer")
+    nothing_left_behind(store)
+
+
+def test_manifest_that_is_not_json_is_refused(store, server, registry_dir, tmp_path):
+    url, _ = server
+    (registry_dir / "writer" / "manifest.json").write_text("{ this is not json")
+    with pytest.raises(RegistryError, match="not valid JSON"):
+        pull(store, http_cfg(tmp_path, url), "writer")
+
+
+def test_file_registry_and_embedded_style_directory(store, registry_dir, tmp_path):
+    result = pull(store, http_cfg(tmp_path, f"file://{registry_dir}"), "coder")
+    assert result["kind"] == "lora"

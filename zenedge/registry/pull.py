@@ -1,0 +1,167 @@
+"""`zenedge pull NAME[:VERSION]`: resolve through the configured registries in order, check the
+base, the disk and the budget before downloading, fetch and verify every file (resuming partial
+downloads), then commit through the pool policy in one transaction."""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from zenedge import bases, policy
+from zenedge.config import Config
+from zenedge.errors import BudgetExceeded, InvalidInput, ProfileNotFound, RegistryError
+from zenedge.names import split_reference
+from zenedge.registry.manifest import IndexEntry, Manifest, version_key
+from zenedge.registry.sources import open_source
+from zenedge.sizes import format_size
+from zenedge.store import Store
+
+Progress = Callable[[dict[str, Any]], None]
+DISK_MARGIN = 64 * 2**20  # keep some room: a full disk corrupts more than a pull
+
+
+@dataclass
+class Resolved:
+    source: Any
+    entry: IndexEntry
+    manifest: Manifest
+    folder: str
+
+
+def search(cfg: Config, text: str = "") -> list[dict[str, Any]]:
+    """Profiles the configured registries offer (newest version of each name, first registry wins)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for url in cfg.get("registry", "urls"):
+        for entry in _index(url):
+            if text and text.lower() not in f"{entry.name} {entry.description}".lower():
+                continue
+            current = seen.get(entry.name)
+            if current is None or (current["registry"] == url
+                                   and version_key(entry.version) > version_key(current["version"])):
+                seen[entry.name] = {"name": entry.name, "version": entry.version, "kind": entry.kind,
+                                    "bytes": entry.size, "base": entry.base, "description": entry.description,
+                                    "registry": url}
+    return sorted(seen.values(), key=lambda r: r["name"])
+
+
+def _index(url: str) -> list[IndexEntry]:
+    return open_source(url).index()
+
+
+def resolve(cfg: Config, reference: str) -> Resolved:
+    name, version = split_reference(reference)
+    known: set[str] = set()
+    errors = []
+    for url in cfg.get("registry", "urls"):
+        try:
+            source = open_source(url)
+            entries = source.index()
+        except RegistryError as exc:
+            errors.append(str(exc))
+            continue
+        known |= {e.name for e in entries}
+        matches = [e for e in entries if e.name == name and (version is None or e.version == version)]
+        if matches:
+            entry = max(matches, key=lambda e: version_key(e.version))
+            manifest, folder = source.manifest(entry)
+            if manifest.name != name:
+                raise RegistryError(f"{source.label}: manifest {entry.manifest} is for {manifest.name!r}, not {name!r}")
+            return Resolved(source, entry, manifest, folder)
+    if errors and not known:
+        raise RegistryError(errors[0])
+    close = difflib.get_close_matches(name, sorted(known), n=3)
+    hint = f"did you mean {', '.join(close)}?" if close else "see `zenedge search`"
+    what = f"{name}:{version}" if version else name
+    raise ProfileNotFound(f"no profile {what!r} in the registries ({', '.join(cfg.get('registry', 'urls'))})",
+                          hint=hint)
+
+
+def _check_base(store: Store, manifest: Manifest, progress: Progress | None) -> dict[str, Any]:
+    base = store.base(manifest.base_name) or bases._by_alias(store, manifest.base_name)
+    if base is None and manifest.base_name == bases.DEFAULT_BASE:
+        if progress:
+            progress({"status": f"setting up the base {bases.DEFAULT_BASE}"})
+        base = bases.ensure_base(store, bases.DEFAULT_BASE,
+                                 progress=(lambda m: progress({"status": m})) if progress else None)
+    if base is None:
+        raise RegistryError(f"{manifest.name!r} is made for base {manifest.base_name!r}, which is not registered",
+                            hint="add it with `zenedge base add PATH --name NAME`")
+    if manifest.base_sha256 and manifest.base_sha256 != base["sha256"]:
+        raise RegistryError(
+            f"{manifest.name!r} was made for a different {manifest.base_name!r} "
+            f"(sha256 {manifest.base_sha256[:12]}…, yours is {base['sha256'][:12]}…); refusing it")
+    return base
+
+
+def _check_space(store: Store, cfg: Config, manifest: Manifest) -> None:
+    free_disk = shutil.disk_usage(store.home).free
+    if manifest.size + DISK_MARGIN > free_disk:
+        raise BudgetExceeded(f"{manifest.name!r} needs {format_size(manifest.size)} but the disk has "
+                             f"{format_size(free_disk)} free", hint="free some disk space")
+    policy.check_admission(store, cfg, manifest.name, manifest.size)
+
+
+def pull(store: Store, cfg: Config, reference: str, *, progress: Progress | None = None) -> dict[str, Any]:
+    report = progress or (lambda event: None)
+    report({"status": "resolving", "name": reference})
+    resolved = resolve(cfg, reference)
+    manifest = resolved.manifest
+    base = _check_base(store, manifest, progress)
+    weights = manifest.file("weights")
+    existing = store.name(manifest.name)
+    if existing and existing["adapter_id"] == weights.sha256:
+        report({"status": "up to date", "name": manifest.name})
+        return _result(store, manifest, weights.sha256, up_to_date=True)
+    _check_space(store, cfg, manifest)
+    partial = store.home / "partial"
+    partial.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging_name:
+        staging = Path(staging_name)
+        files = list(manifest.files) + ([manifest.eval] if manifest.eval else [])
+        for entry in files:
+            target = staging / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if store.blobs.has(entry.sha256):  # dedup by digest: already here, no transfer
+                shutil.copyfile(store.blobs.path(entry.sha256), target)
+                report({"status": "present", "file": entry.path, "completed": entry.size, "total": entry.size})
+                continue
+            done = [0]
+
+            def on_bytes(n: int, entry=entry, done=done) -> None:
+                done[0] += n
+                report({"status": "downloading", "file": entry.path, "completed": done[0], "total": entry.size})
+
+            part = partial / f"{entry.sha256}.part"
+            resolved.source.fetch(resolved.folder, entry.path, part, sha256=entry.sha256, size=entry.size,
+                                  progress=on_bytes)
+            part.replace(target)
+        report({"status": "verifying"})
+        origin = {"source": "pull", "registry": resolved.source.label, "version": manifest.version}
+        eval_path = staging / manifest.eval.path if manifest.eval else None
+        report({"status": "committing"})
+        if manifest.kind == "lora":
+            lora_dir = staging / ".peft"  # PEFT's file names, whatever the registry calls them
+            lora_dir.mkdir()
+            (staging / weights.path).replace(lora_dir / "adapter_model.safetensors")
+            (staging / manifest.file("config").path).replace(lora_dir / "adapter_config.json")
+            result = policy.import_lora(
+                store, cfg, lora_dir, manifest.name, base=base["name"], eval_path=eval_path,
+                version=manifest.version, description=manifest.description, origin=origin)
+        else:
+            result = policy.import_bitdelta(
+                store, cfg, staging / weights.path, manifest.name, base=base["name"], eval_path=eval_path,
+                version=manifest.version, description=manifest.description, origin=origin)
+    report({"status": "success", "name": manifest.name})
+    return _result(store, manifest, result["adapter_id"], policy_result=result)
+
+
+def _result(store: Store, manifest: Manifest, adapter_id: str, up_to_date: bool = False,
+            policy_result: dict[str, Any] | None = None) -> dict[str, Any]:
+    row = store.resolve(manifest.name)
+    return {"name": manifest.name, "version": manifest.version, "kind": row["kind"], "bytes": row["bytes"],
+            "adapter_id": row["id"], "up_to_date": up_to_date, **({"policy": policy_result.get("action")}
+                                                                  if policy_result and policy_result.get("action") else {})}
