@@ -1,0 +1,167 @@
+"""The torch path for machines without CUDA: y = x·(W + α⊙S)ᵀ (+b), memory-bounded.
+
+No dense S or W + α⊙S is ever built for a whole layer; two strategies, picked by rows M:
+- M <= LUT_MAX_ROWS (decode): y = x·Wᵀ + α ⊙ (x·Sᵀ) with x·Sᵀ through byte lookup tables. For
+  each byte position kb, T[kb, v, :] = Σ_j x[:, 8kb+j]·(±1 for bit j of v); then
+  (x·Sᵀ)[n] = Σ_kb T[kb, packed[n, kb]]: one embedding_bag gather replaces 8 sign products.
+- larger M (prefill): chunks of output rows of W_hat = W + α⊙S are rebuilt in fp32 and go
+  through one matmul each, so the unpack is paid once per weight and amortised over M rows.
+
+Hot variants can skip the unpacking: ``signs_linear`` takes a pre-unpacked int8 ±1 matrix, and
+``reconstruct_weight`` builds the dense W + α⊙S once for a plain F.linear.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from zenedge.bitdelta.packing import packed_width
+
+from .grouping import group_rows
+
+LUT_MAX_ROWS = 8                   # above this, rebuilding W_hat chunks and one matmul is cheaper
+_CHUNK_ELEMENTS = 1 << 20          # ~4 MB of fp32 temporaries per chunk, whatever the layer size
+_BIT_MASKS = 1 << torch.arange(8, dtype=torch.uint8)
+_BYTE_SIGNS: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _byte_signs(dtype: torch.dtype) -> torch.Tensor:
+    """[8, 256]: column v holds the ±1 signs of byte value v (LSB first)."""
+    table = _BYTE_SIGNS.get(dtype)
+    if table is None:
+        bits = (torch.arange(256)[None, :] >> torch.arange(8)[:, None]) & 1
+        table = _BYTE_SIGNS[dtype] = (bits * 2 - 1).to(dtype)
+    return table
+
+
+def _rows_per_chunk(per_row: int) -> int:
+    return max(1, _CHUNK_ELEMENTS // max(1, per_row))
+
+
+def _check(x, weight, packed, alpha):
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x [M, in] and weight [out, in] disagree: {tuple(x.shape)} vs {tuple(weight.shape)}")
+    want = (weight.shape[0], packed_width(weight.shape[1]))
+    if packed.dtype != torch.uint8 or tuple(packed.shape[-2:]) != want:
+        raise ValueError(f"packed must be uint8 [..., {want[0]}, {want[1]}], got {packed.dtype} {tuple(packed.shape)}")
+    if alpha.shape[-1] != weight.shape[0]:
+        raise ValueError(f"alpha must end in {weight.shape[0]}, got {tuple(alpha.shape)}")
+
+
+def _bits(chunk: torch.Tensor, in_features: int) -> torch.Tensor:
+    """uint8 [c, KB] -> bool [c, in] (bit set = +1)."""
+    return ((chunk[:, :, None] & _BIT_MASKS) != 0).view(chunk.shape[0], -1)[:, :in_features]
+
+
+def sign_products(x: torch.Tensor, packed: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x[M, in] · S(packed [out, in/8])ᵀ -> fp32 [M, out] through byte lookup tables (small M)."""
+    m = x.shape[0]
+    out_features, width = packed.shape
+    x32 = F.pad(x.float(), (0, width * 8 - in_features))                 # zero pad to whole bytes
+    table = torch.matmul(x32.view(m, width, 8).transpose(0, 1), _byte_signs(torch.float32))   # [KB, M, 256]
+    # Fresh buffer, not .contiguous(): for M = 1 that keeps a stride of 256 on the size-1 dim and
+    # sends embedding_bag down a path 20x slower.
+    table = torch.empty(width * 256, m).copy_(table.transpose(1, 2).reshape(width * 256, m))   # [kb*256+v, M]
+    offsets = torch.arange(width, dtype=torch.int32) * 256                # [KB]
+    result = torch.empty(out_features, m, dtype=torch.float32)
+    step = _rows_per_chunk(width * 2)
+    for start in range(0, out_features, step):
+        idx = packed[start:start + step].to(torch.int32) + offsets        # [c, KB] table rows
+        result[start:start + step] = F.embedding_bag(idx, table, mode="sum")
+    return result.T                                                       # [M, out]
+
+
+def weight_chunks(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor, dtype: torch.dtype):
+    """Yield (start, W_hat[start:start+c]) with W_hat = W + α⊙S built in fp32 and rounded once."""
+    out_features, in_features = weight.shape
+    signs_of_byte = _byte_signs(torch.float32).T.contiguous()            # [256, 8]
+    step = _rows_per_chunk(packed.shape[1] * 8)
+    for start in range(0, out_features, step):
+        chunk = packed[start:start + step]
+        # One table gather per byte (8 signs at once) beats shift/and/compare/select passes 2-3x.
+        signs = F.embedding(chunk.to(torch.int32), signs_of_byte).view(chunk.shape[0], -1)[:, :in_features]
+        w_hat = torch.addcmul(weight[start:start + step].float(), signs, alpha[start:start + step].float()[:, None])
+        yield start, w_hat.to(dtype)
+
+
+def _prefill(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor:
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+    for start, w_hat in weight_chunks(weight, packed, alpha, x.dtype):
+        stop = start + w_hat.shape[0]
+        torch.matmul(x, w_hat.T, out=y[:, start:stop])
+    if bias is not None:
+        y += bias.to(y.dtype)
+    return y
+
+
+def bitdelta_linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor,
+                    bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x[M, in] · (W + α⊙S)ᵀ (+b) -> [M, out] in x.dtype."""
+    _check(x, weight, packed, alpha)
+    if x.shape[0] > LUT_MAX_ROWS:
+        return _finish(_prefill(x, weight, packed, alpha, bias), out)
+    y = F.linear(x, weight, bias).float()
+    y.addcmul_(sign_products(x, packed, weight.shape[1]), alpha.float())
+    return _finish(y.to(x.dtype), out)
+
+
+def bitdelta_linear_multi(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor,
+                          delta_ids: torch.Tensor, bias: torch.Tensor | None = None, *,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """Row m uses delta ``delta_ids[m]`` of packed [D, out, in/8] / alpha [D, out]; -1 = base only."""
+    _check(x, weight, packed, alpha)
+    grouping = group_rows(delta_ids.reshape(-1), packed.shape[0])
+    starts = grouping.seg_start.tolist()
+    perm = grouping.perm.to(torch.int64)
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
+    if starts[1] > starts[0]:                                             # base-only rows
+        rows = perm[starts[0]:starts[1]]
+        y[rows] = F.linear(x[rows], weight, bias)
+    for d in range(packed.shape[0]):
+        lo, hi = starts[d + 1], starts[d + 2]
+        if hi > lo:
+            rows = perm[lo:hi]
+            y[rows] = bitdelta_linear(x[rows], weight, packed[d], alpha[d], bias)
+    return _finish(y, out)
+
+
+def _finish(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+# ---- pre-unpacked forms for hot variants ----------------------------------------------------------
+
+def unpack_signs_int8(packed: torch.Tensor, in_features: int) -> torch.Tensor:
+    """int8 ±1 [out, in] (1 byte per weight, 8x the packed size): the input of ``signs_linear``."""
+    out_features, width = packed.shape
+    signs = torch.empty(out_features, in_features, dtype=torch.int8)
+    step = _rows_per_chunk(width * 8)
+    for start in range(0, out_features, step):
+        signs[start:start + step] = _bits(packed[start:start + step], in_features).to(torch.int8) * 2 - 1
+    return signs
+
+
+def signs_linear(x: torch.Tensor, weight: torch.Tensor, signs: torch.Tensor, alpha: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x[M, in] · (W + α⊙S)ᵀ (+b) with S as int8 ±1 [out, in]; chunked, returns x.dtype."""
+    y = F.linear(x, weight, bias).float()
+    xf = x.float()
+    step = _rows_per_chunk(signs.shape[1])
+    for start in range(0, signs.shape[0], step):
+        part = xf @ signs[start:start + step].float().T                       # [M, c]
+        y[:, start:start + step].addcmul_(part, alpha[start:start + step].float())
+    return y.to(x.dtype)
+
+
+def reconstruct_weight(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor, *,
+                       dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Dense W + α⊙S ([out, in], ``dtype`` or W's), built chunk by chunk: F.linear it directly."""
+    result = torch.empty(weight.shape, dtype=dtype or weight.dtype)
+    for start, w_hat in weight_chunks(weight, packed, alpha, result.dtype):
+        result[start:start + w_hat.shape[0]] = w_hat
+    return result

@@ -1,0 +1,36 @@
+"""Errors of the bitdelta package: ValueError subclasses with one-line messages.
+
+A later integration maps these to exit codes / HTTP statuses; keep messages single-line.
+"""
+
+
+class BitDeltaError(ValueError):
+    """Base of every bitdelta error."""
+
+
+class BitDeltaFormatError(BitDeltaError):
+    """A .bitdelta safetensors file is malformed (missing metadata, bad JSON, wrong format name)."""
+
+
+class UnknownFormatVersion(BitDeltaFormatError):
+    """The file was written by a format version this code does not know."""
+
+
+class InconsistentShapes(BitDeltaFormatError):
+    """Packed signs, alphas and recorded in_features disagree."""
+
+
+class BadDtype(BitDeltaFormatError):
+    """A tensor has the wrong dtype (packed must be uint8, alpha float32)."""
+
+
+class NonFiniteAlpha(BitDeltaFormatError):
+    """An alpha is NaN or infinite."""
+
+
+class MissingTensor(BitDeltaFormatError):
+    """A tensor named in the metadata is absent from the file."""
+
+
+class CheckpointMismatch(BitDeltaError):
+    """Base and fine-tuned checkpoints cannot be paired (missing tensors, different shapes)."""
