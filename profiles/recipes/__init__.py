@@ -1,0 +1,1 @@
+"""Recipes that build the embedded profiles: data generators, training, evaluation."""

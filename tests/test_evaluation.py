@@ -1,0 +1,198 @@
+"""zenedge.evaluation on a tiny random llama + the real SmolLM2 tokenizer (loads in ~1 s)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zenedge.evaluation import (
+    EvalSetError, Example, answer_loss, encode_examples, exact_match, greedy_completions,
+    load_eval_set, right_padded_batch,
+)
+
+BASE_DIR = Path("/work/smollm2-hf")
+pytestmark = pytest.mark.skipif(not (BASE_DIR / "tokenizer.json").exists(), reason="needs the SmolLM2 tokenizer")
+
+EXAMPLES = [
+    Example("Compute 3 + 4.", "7"),
+    Example("Extract name as JSON: Ana lives in Lyon.", '{"name": "Ana"}'),
+    Example("Say hello in French, please, and nothing else at all.", "Bonjour"),
+    Example("Name a prime.", "Seven is a prime number, and so is eleven.", system="Be brief."),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(BASE_DIR)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tokenizer),
+                         max_position_embeddings=512)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_encode_splits_template_into_prompt_and_answer(tokenizer):
+    (enc,) = encode_examples(tokenizer, [EXAMPLES[0]], max_len=256)
+    assert tokenizer.decode(enc.prompt_ids).endswith("<|im_start|>user\nCompute 3 + 4.<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.decode(enc.answer_ids) == "7<|im_end|>"  # the template's trailing newline is not scored
+    assert enc.stop_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_encode_uses_system_message_when_given(tokenizer):
+    (enc,) = encode_examples(tokenizer, [EXAMPLES[3]], max_len=256)
+    prompt = tokenizer.decode(enc.prompt_ids)
+    assert "Be brief." in prompt and "SmolLM" not in prompt
+
+
+def test_encode_truncates_answer_and_rejects_prompt_that_does_not_fit(tokenizer):
+    (full,) = encode_examples(tokenizer, [EXAMPLES[3]], max_len=256)
+    (cut,) = encode_examples(tokenizer, [EXAMPLES[3]], max_len=len(full.prompt_ids) + 3)
+    assert cut.answer_ids == full.answer_ids[:3]
+    with pytest.raises(EvalSetError, match="does not fit"):
+        encode_examples(tokenizer, [EXAMPLES[3]], max_len=len(full.prompt_ids))
+
+
+def test_answer_loss_equals_direct_computation(model, tokenizer):
+    encoded = encode_examples(tokenizer, EXAMPLES, max_len=256)
+    total, count = 0.0, 0
+    for enc in encoded:
+        ids = torch.tensor([enc.prompt_ids + enc.answer_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0]
+        p = len(enc.prompt_ids)
+        # Answer token j (at position p + j) is predicted by the logits at position p + j - 1.
+        losses = F.cross_entropy(logits[p - 1 : -1], ids[0, p:], reduction="none")
+        total += losses.sum().item()
+        count += len(enc.answer_ids)
+    assert answer_loss(model, encoded, batch_size=4) == pytest.approx(total / count, rel=1e-5)
+
+
+def test_answer_loss_does_not_depend_on_padding_or_batching(model, tokenizer):
+    encoded = encode_examples(tokenizer, EXAMPLES, max_len=256)
+    batched = answer_loss(model, encoded, batch_size=4)
+    one_by_one = answer_loss(model, encoded, batch_size=1)
+    assert batched == pytest.approx(one_by_one, rel=1e-5)
+
+
+def test_right_padded_batch_marks_exactly_the_answer_predictions(tokenizer):
+    encoded = encode_examples(tokenizer, EXAMPLES[:2], max_len=256)
+    batch = right_padded_batch(encoded, pad_id=tokenizer.pad_token_id)
+    for row, enc in enumerate(encoded):
+        scored_targets = batch.input_ids[row, 1:][batch.target_mask[row, :-1]]
+        assert scored_targets.tolist() == list(enc.answer_ids)
+
+
+def test_greedy_completions_same_batched_and_one_by_one(model, tokenizer):
+    encoded = encode_examples(tokenizer, EXAMPLES, max_len=256)
+    prompts = [e.prompt_ids for e in encoded]
+    stop = encoded[0].stop_id
+    batched = greedy_completions(model, prompts, 6, stop, pad_id=tokenizer.pad_token_id, batch_size=4)
+    single = greedy_completions(model, prompts, 6, stop, pad_id=tokenizer.pad_token_id, batch_size=1)
+    assert batched == single
+    # And equal to a plain argmax loop on the unpadded sequence.
+    seq = list(prompts[0])
+    for _ in range(len(batched[0])):
+        with torch.no_grad():
+            seq.append(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax().item())
+    assert seq[len(prompts[0]):] == batched[0]
+
+
+def _stops_after(model, stop_id: int, lengths_by_prompt: dict[tuple[int, ...], int]):
+    """Wrap a model so its greedy choice is `stop_id` once a sequence reaches a set length.
+
+    The length is looked up by the sequence's prompt (its first tokens), so the wrapper works
+    whatever order or batching the caller uses.
+    """
+    def forward(input_ids, attention_mask):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.clone()
+        for row, length in enumerate(attention_mask.sum(dim=1).tolist()):
+            seq = tuple(input_ids[row, :length].tolist())
+            limit = next(n for prompt, n in lengths_by_prompt.items() if seq[: len(prompt)] == prompt)
+            if length >= limit:
+                logits[row, length - 1, stop_id] = 1e4
+        return SimpleNamespace(logits=logits)
+    return forward
+
+
+def _own_greedy_answers(model, tokenizer, examples, n_tokens):
+    """(model that stops after its first n greedy tokens, those tokens decoded per example)."""
+    prompts = encode_examples(tokenizer, [Example(e.prompt, "x", e.system) for e in examples], 256)
+    stop = prompts[0].stop_id
+    raw = greedy_completions(model, [p.prompt_ids for p in prompts], n_tokens, stop,
+                             pad_id=tokenizer.pad_token_id)
+    # The random model rarely stops by itself: force a stop after its n tokens, so that its
+    # greedy output is exactly those tokens.
+    limits = {p.prompt_ids: len(p.prompt_ids) + len(r) for p, r in zip(prompts, raw)}
+    return _stops_after(model, stop, limits), [tokenizer.decode(r, skip_special_tokens=True) for r in raw]
+
+
+def test_exact_match_is_one_on_own_greedy_outputs_and_zero_on_altered(model, tokenizer):
+    wrapped, references = _own_greedy_answers(model, tokenizer, EXAMPLES, 5)
+    assert all(ref.strip() for ref in references)
+    own = [Example(e.prompt, ref, e.system) for e, ref in zip(EXAMPLES, references)]
+    # Re-encoding a decoded answer may not round-trip to the same ids, but exact match compares
+    # texts, so it must still be 1.0.
+    assert exact_match(wrapped, tokenizer, encode_examples(tokenizer, own, 256), max_new_tokens=8) == 1.0
+    altered = [Example(e.prompt, ref + " altered", e.system) for e, ref in zip(EXAMPLES, references)]
+    assert exact_match(wrapped, tokenizer, encode_examples(tokenizer, altered, 256), max_new_tokens=8) == 0.0
+
+
+def test_exact_match_ignores_whitespace_differences(model, tokenizer):
+    wrapped, references = _own_greedy_answers(model, tokenizer, EXAMPLES[:2], 4)
+    spaced = [Example(e.prompt, "  " + "  ".join(ref.split()) + "\n") for e, ref in zip(EXAMPLES[:2], references)]
+    assert exact_match(wrapped, tokenizer, encode_examples(tokenizer, spaced, 256), max_new_tokens=6) == 1.0
+
+
+def test_load_eval_set_reads_valid_jsonl(tmp_path):
+    path = tmp_path / "eval.jsonl"
+    rows = [{"prompt": "a", "answer": "b"}, {"prompt": "c", "answer": "d", "system": "s"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    assert load_eval_set(path) == [Example("a", "b"), Example("c", "d", "s")]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "invalid JSON"),
+    ('["prompt", "answer"]', "expected a JSON object"),
+    ('{"prompt": "a"}', "missing key 'answer'"),
+    ('{"prompt": "a", "answer": 3}', "'answer' must be a non-empty string"),
+    ('{"prompt": " ", "answer": "b"}', "'prompt' must be a non-empty string"),
+    ('{"prompt": "a", "answer": "b", "extra": 1}', "unknown keys"),
+])
+def test_load_eval_set_names_file_and_line_of_bad_rows(tmp_path, line, message):
+    path = tmp_path / "eval.jsonl"
+    path.write_text('{"prompt": "ok", "answer": "ok"}\n' + line + "\n")
+    with pytest.raises(EvalSetError, match=rf"eval.jsonl:2: .*{message}"):
+        load_eval_set(path)
+
+
+def test_load_eval_set_rejects_missing_and_empty_files(tmp_path):
+    with pytest.raises(EvalSetError, match="cannot read"):
+        load_eval_set(tmp_path / "nope.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(EvalSetError, match="empty"):
+        load_eval_set(tmp_path / "empty.jsonl")
+
+
+def test_committed_profile_eval_sets_are_valid():
+    """Every profiles/<name>/eval.jsonl loads and has at least 50 examples."""
+    profiles = Path(__file__).resolve().parent.parent / "profiles"
+    paths = sorted(profiles.glob("*/eval.jsonl"))
+    if not paths:
+        pytest.skip("no profile eval sets yet")
+    for path in paths:
+        examples = load_eval_set(path)
+        assert len(examples) >= 50, path
+        assert len({e.prompt for e in examples}) == len(examples), f"{path}: duplicate prompts"

@@ -1,0 +1,262 @@
+"""Score a causal LM on a profile's eval set: teacher-forced answer loss and greedy exact match.
+
+Model-agnostic on purpose: the pool's quality gate runs it on a base with a LoRA applied, on a
+merged adapter, on a BitDelta model. All it needs is a causal LM whose forward is
+`model(input_ids=[B, T], attention_mask=[B, T]).logits -> [B, T, V]` and a Hugging Face tokenizer
+with a chat template. No KV cache, no `generate`, no PEFT: every forward is a plain full-sequence
+call with right padding, which is exact for any causal model (left padding would shift position
+ids unless the model derives them from the mask, and not every model does).
+
+An eval set is JSONL, one chat pair per line: {"prompt": str, "answer": str, "system"?: str}.
+The prompt is the user turn, the answer the assistant turn; loss and exact match only look at
+the answer tokens (plus the template's end-of-turn token, so a model that does not stop is
+penalised).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+class EvalSetError(ValueError):
+    """An eval set file or example is malformed (the message names the file and line)."""
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+    system: str | None = None
+
+
+@dataclass(frozen=True)
+class EncodedExample:
+    prompt_ids: tuple[int, ...]  # chat-templated user turn + assistant header
+    answer_ids: tuple[int, ...]  # answer tokens + end-of-turn token (possibly truncated)
+    answer: str  # the reference text, for exact match
+    stop_id: int | None  # token that ends the assistant turn, if the template has one
+
+
+_KEYS = {"prompt", "answer", "system"}
+
+
+def parse_example(obj: object, where: str = "example") -> Example:
+    """Validate one decoded JSON object as an Example; errors say where and what."""
+    if not isinstance(obj, dict):
+        raise EvalSetError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - _KEYS
+    if unknown:
+        raise EvalSetError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS)})")
+    for key in ("prompt", "answer"):
+        if key not in obj:
+            raise EvalSetError(f"{where}: missing key {key!r}")
+        if not isinstance(obj[key], str) or not obj[key].strip():
+            raise EvalSetError(f"{where}: {key!r} must be a non-empty string")
+    system = obj.get("system")
+    if system is not None and not isinstance(system, str):
+        raise EvalSetError(f"{where}: 'system' must be a string when present")
+    return Example(prompt=obj["prompt"], answer=obj["answer"], system=system)
+
+
+def load_eval_set(path: str | Path) -> list[Example]:
+    """Read a JSONL eval set; blank lines are skipped, anything else must be a valid example."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise EvalSetError(f"{path}: cannot read eval set ({exc.strerror or exc})") from exc
+    examples = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EvalSetError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+        examples.append(parse_example(obj, where=f"{path}:{lineno}"))
+    if not examples:
+        raise EvalSetError(f"{path}: eval set is empty")
+    return examples
+
+
+def _messages(example: Example) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": example.system}] if example.system else []
+    messages.append({"role": "user", "content": example.prompt})
+    return messages
+
+
+def _template_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+    )
+    # Some tokenizer versions still wrap the ids in a BatchEncoding despite return_dict=False.
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def end_of_turn_id(tokenizer) -> int | None:
+    """The token that closes an assistant turn: the tokenizer's eos (e.g. <|im_end|>)."""
+    return tokenizer.eos_token_id
+
+
+def encode_example(tokenizer, example: Example, max_len: int) -> EncodedExample:
+    """Template the pair and split it into prompt ids and answer ids.
+
+    The answer ids are the tokens the template renders for the assistant turn, cut after the
+    end-of-turn token (templates add a trailing newline we do not want to score). Rendering
+    the whole conversation, instead of tokenizing the answer alone, keeps the tokenization at
+    the prompt/answer boundary identical to what the model sees in training.
+    """
+    messages = _messages(example)
+    prompt_ids = _template_ids(tokenizer, messages, add_generation_prompt=True)
+    # Stripped: leading whitespace would merge with the template's newline into one token (and
+    # break the prefix), and exact match ignores surrounding whitespace anyway.
+    answer = {"role": "assistant", "content": example.answer.strip()}
+    full_ids = _template_ids(tokenizer, messages + [answer], add_generation_prompt=False)
+    if full_ids[: len(prompt_ids)] != prompt_ids:
+        raise EvalSetError(
+            "chat template is not prefix-stable: the rendered prompt is not a prefix of the "
+            "rendered conversation, so answer tokens cannot be located"
+        )
+    answer_ids = full_ids[len(prompt_ids):]
+    stop_id = end_of_turn_id(tokenizer)
+    if stop_id is not None and stop_id in answer_ids:
+        answer_ids = answer_ids[: answer_ids.index(stop_id) + 1]
+    if len(prompt_ids) >= max_len:
+        raise EvalSetError(
+            f"prompt of {len(prompt_ids)} tokens does not fit max_len={max_len}: "
+            f"{example.prompt[:60]!r}"
+        )
+    # Long answers are cut to fit: the loss then covers their first tokens only. Exact match
+    # still compares against the full reference text.
+    answer_ids = answer_ids[: max_len - len(prompt_ids)]
+    return EncodedExample(tuple(prompt_ids), tuple(answer_ids), example.answer, stop_id)
+
+
+def encode_examples(tokenizer, examples: Iterable[Example], max_len: int) -> list[EncodedExample]:
+    return [encode_example(tokenizer, ex, max_len) for ex in examples]
+
+
+@dataclass(frozen=True)
+class Batch:
+    input_ids: torch.Tensor  # [B, T], right padded
+    attention_mask: torch.Tensor  # [B, T], 1 on real tokens
+    target_mask: torch.Tensor  # [B, T], 1 where the NEXT token (input_ids[:, t+1]) is scored
+
+
+def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int) -> Batch:
+    """Stack prompt+answer sequences, right padded; the mask marks answer-token predictions."""
+    length = max(len(e.prompt_ids) + len(e.answer_ids) for e in encoded)
+    input_ids = torch.full((len(encoded), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(encoded), length), dtype=torch.long)
+    target_mask = torch.zeros((len(encoded), length), dtype=torch.bool)
+    for row, e in enumerate(encoded):
+        seq = e.prompt_ids + e.answer_ids
+        input_ids[row, : len(seq)] = torch.tensor(seq)
+        attention_mask[row, : len(seq)] = 1
+        # Position t predicts token t+1: answer tokens sit at [P, P+A), predicted from [P-1, P+A-1).
+        target_mask[row, len(e.prompt_ids) - 1 : len(seq) - 1] = True
+    return Batch(input_ids, attention_mask, target_mask)
+
+
+def answer_token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Cross-entropy of every scored answer token, flattened: [N_answer_tokens] (fp32)."""
+    targets = batch.input_ids[:, 1:]  # [B, T-1]
+    mask = batch.target_mask[:, :-1]  # [B, T-1]
+    scored_logits = logits[:, :-1][mask].float()  # [N, V]
+    return F.cross_entropy(scored_logits, targets[mask], reduction="none")
+
+
+def _pad_id(tokenizer) -> int:
+    if tokenizer.pad_token_id is not None:
+        return tokenizer.pad_token_id
+    return tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+
+
+@torch.no_grad()
+def answer_loss(model, encoded: Sequence[EncodedExample], batch_size: int = 8, pad_id: int = 0) -> float:
+    """Mean teacher-forced cross-entropy per answer token over the whole set (token-weighted)."""
+    if not encoded:
+        raise EvalSetError("no examples to score")
+    total, count = 0.0, 0
+    # Sorting by length keeps padding small; the result does not depend on the order.
+    ordered = sorted(encoded, key=lambda e: len(e.prompt_ids) + len(e.answer_ids))
+    for start in range(0, len(ordered), batch_size):
+        batch = right_padded_batch(ordered[start : start + batch_size], pad_id)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        losses = answer_token_losses(logits, batch)
+        total += losses.double().sum().item()
+        count += losses.numel()
+    return total / count
+
+
+@torch.no_grad()
+def greedy_completions(
+    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_id: int | None,
+    pad_id: int = 0, batch_size: int = 8,
+) -> list[list[int]]:
+    """Greedy-decode each prompt (argmax, no sampling); stops at stop_id, which is not returned.
+
+    Each step reruns the full right-padded sequences of the rows still running and reads the
+    logits at each row's last real token. Quadratic in length, but exact for any causal LM and
+    cheap at eval-set sizes (prompts of ~50 tokens, answers of ~30).
+    """
+    results: list[list[int]] = [[] for _ in prompts]
+    for start in range(0, len(prompts), batch_size):
+        rows = list(range(start, min(start + batch_size, len(prompts))))
+        seqs = {i: list(prompts[i]) for i in rows}
+        running = list(rows)
+        for _ in range(max_new_tokens):
+            if not running:
+                break
+            length = max(len(seqs[i]) for i in running)
+            input_ids = torch.full((len(running), length), pad_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(running), length), dtype=torch.long)
+            for r, i in enumerate(running):
+                input_ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
+                attention_mask[r, : len(seqs[i])] = 1
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            last = attention_mask.sum(dim=1) - 1  # [B]
+            next_ids = logits[torch.arange(len(running)), last].argmax(dim=-1).tolist()
+            still = []
+            for i, tok in zip(running, next_ids):
+                if tok == stop_id:
+                    continue
+                seqs[i].append(tok)
+                results[i].append(tok)
+                still.append(i)
+            running = still
+    return results
+
+
+def normalize_whitespace(text: str) -> str:
+    return " ".join(text.split())
+
+
+@torch.no_grad()
+def exact_match(
+    model, tokenizer, encoded: Sequence[EncodedExample], max_new_tokens: int | None = None,
+    batch_size: int = 8,
+) -> float:
+    """Fraction of greedy completions equal to the reference answer, whitespace-normalised.
+
+    max_new_tokens defaults, per set, to the longest reference answer plus a margin of 8 tokens:
+    a completion that has not stopped by then cannot be equal to its reference anyway.
+    """
+    if not encoded:
+        raise EvalSetError("no examples to score")
+    budget = max_new_tokens or max(len(e.answer_ids) for e in encoded) + 8
+    completions = greedy_completions(
+        model, [e.prompt_ids for e in encoded], budget, encoded[0].stop_id,
+        pad_id=_pad_id(tokenizer), batch_size=batch_size,
+    )
+    hits = 0
+    for e, ids in zip(encoded, completions):
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        hits += normalize_whitespace(text) == normalize_whitespace(e.answer)
+    return hits / len(encoded)
