@@ -15,7 +15,8 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
-from zenedge.runtime.variants import BitDeltaModule, LoraModule, Variant
+from zenedge.merge.factors import LoraFactors
+from zenedge.runtime.variants import BitDeltaModule, Variant
 
 
 @dataclass
@@ -71,14 +72,14 @@ class VariantLinear(nn.Module):
             if module is None:
                 continue
             rows = x.index_select(0, idx)
-            if isinstance(module, LoraModule):
+            if isinstance(module, LoraFactors):
                 y.index_add_(0, idx, self._lora(rows, module))
             else:  # BitDelta rows: the fused path gives base + delta, replacing the base rows
                 y.index_copy_(0, idx, self._bitdelta(rows, module))
         return y
 
     @staticmethod
-    def _lora(x: torch.Tensor, module: LoraModule) -> torch.Tensor:
+    def _lora(x: torch.Tensor, module: LoraFactors) -> torch.Tensor:
         # Low rank first: [*, in]·Aᵀ → [*, r] is tiny, so the delta costs ~2·r·(in+out) per token.
         return (x @ module.A.t()) @ module.B.t() * module.scale
 
