@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 from pathlib import Path
 
@@ -196,3 +197,55 @@ def test_committed_profile_eval_sets_are_valid():
         examples = load_eval_set(path)
         assert len(examples) >= 50, path
         assert len({e.prompt for e in examples}) == len(examples), f"{path}: duplicate prompts"
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _committed_profiles():
+    return sorted(p.parent for p in (REPO / "profiles").glob("*/recipe.json"))
+
+
+@pytest.mark.slow
+def test_committed_eval_sets_regenerate_and_never_meet_training_prompts():
+    """Each eval.jsonl is what its recipe's generator and seed give, disjoint from the train split."""
+    if str(REPO) not in sys.path:  # profiles/recipes is run from the repo root, not installed
+        sys.path.insert(0, str(REPO))
+    from profiles.recipes.data import TASKS, build_splits
+
+    folders = _committed_profiles()
+    if not folders:
+        pytest.skip("no profiles yet")
+    for folder in folders:
+        recipe = json.loads((folder / "recipe.json").read_text())
+        params = recipe["recipe"]
+        train, eval_set = build_splits(TASKS[recipe["name"]], 4000, params["eval_examples"], params["seed"])
+        committed = [json.loads(line) for line in (folder / "eval.jsonl").read_text().splitlines()]
+        assert committed == eval_set, folder.name
+        assert not {e["prompt"] for e in train} & {e["prompt"] for e in committed}, folder.name
+
+
+@pytest.mark.slow
+def test_committed_lora_adapters_load_with_peft_in_bf16():
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folders = [f for f in _committed_profiles() if (f / "adapter" / "adapter_config.json").exists()]
+    if not folders:
+        pytest.skip("no LoRA adapters yet")
+    # A random model of the base's shape: loading must place every saved tensor, no checkpoint needed.
+    base_config = LlamaConfig.from_pretrained(BASE_DIR)
+    for folder in folders:
+        config = json.loads((folder / "adapter" / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "smollm2-135m"
+        tensors = load_file(folder / "adapter" / "adapter_model.safetensors")
+        assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+        assert any(name.endswith("lora_B.weight") and t.abs().max() > 0 for name, t in tensors.items())
+        torch.manual_seed(0)
+        model = PeftModel.from_pretrained(LlamaForCausalLM(base_config), folder / "adapter")
+        loaded = {n: p for n, p in model.named_parameters() if "lora_" in n}
+        assert len(loaded) == len(tensors), folder.name
+        for name, saved in tensors.items():
+            key = name.replace(".weight", ".default.weight")
+            assert torch.equal(loaded[key].to(torch.bfloat16), saved), (folder.name, name)

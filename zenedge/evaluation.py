@@ -23,8 +23,10 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from zenedge.errors import InvalidInput
 
-class EvalSetError(ValueError):
+
+class EvalSetError(InvalidInput):
     """An eval set file or example is malformed (the message names the file and line)."""
 
 
