@@ -249,3 +249,11 @@ def test_committed_lora_adapters_load_with_peft_in_bf16():
         for name, saved in tensors.items():
             key = name.replace(".weight", ".default.weight")
             assert torch.equal(loaded[key].to(torch.bfloat16), saved), (folder.name, name)
+
+
+def test_exact_match_counts_each_example_on_a_mixed_set(model, tokenizer):
+    wrapped, references = _own_greedy_answers(model, tokenizer, EXAMPLES, 5)
+    # Two right, one wrong in its last character, one wrong from the first character.
+    answers = [references[0], references[1], references[2][:-1] + "#", "# " + references[3]]
+    mixed = [Example(e.prompt, a, e.system) for e, a in zip(EXAMPLES, answers)]
+    assert exact_match(wrapped, tokenizer, encode_examples(tokenizer, mixed, 256), max_new_tokens=8) == 0.5

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -201,12 +201,14 @@ def answer_loss(model, encoded: Sequence[EncodedExample], batch_size: int = 8, p
 def greedy_completions(
     model, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_id: int | None,
     pad_id: int = 0, batch_size: int = 8,
+    keep_going: Callable[[int, list[int]], bool] | None = None,
 ) -> list[list[int]]:
     """Greedy-decode each prompt (argmax, no sampling); stops at stop_id, which is not returned.
 
     Each step reruns the full right-padded sequences of the rows still running and reads the
     logits at each row's last real token. Quadratic in length, but exact for any causal LM and
     cheap at eval-set sizes (prompts of ~50 tokens, answers of ~30).
+    `keep_going(index, generated_ids)`, when given, may stop a row early (returns False).
     """
     results: list[list[int]] = [[] for _ in prompts]
     for start in range(0, len(prompts), batch_size):
@@ -231,7 +233,8 @@ def greedy_completions(
                     continue
                 seqs[i].append(tok)
                 results[i].append(tok)
-                still.append(i)
+                if keep_going is None or keep_going(i, results[i]):
+                    still.append(i)
             running = still
     return results
 
@@ -253,12 +256,20 @@ def exact_match(
     if not encoded:
         raise EvalSetError("no examples to score")
     budget = max_new_tokens or max(len(e.answer_ids) for e in encoded) + 8
+    references = [normalize_whitespace(e.answer) for e in encoded]
+
+    def still_possible(i: int, ids: list[int]) -> bool:
+        # normalize(a + b) always starts with normalize(a), so once the normalised text so far
+        # is not a prefix of the reference, no continuation can match: stop decoding that row.
+        # (A trailing U+FFFD is half of a multi-byte character: wait for the rest.)
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        return text.endswith("\ufffd") or references[i].startswith(normalize_whitespace(text))
+
     completions = greedy_completions(
         model, [e.prompt_ids for e in encoded], budget, encoded[0].stop_id,
-        pad_id=_pad_id(tokenizer), batch_size=batch_size,
+        pad_id=_pad_id(tokenizer), batch_size=batch_size, keep_going=still_possible,
     )
     hits = 0
-    for e, ids in zip(encoded, completions):
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        hits += normalize_whitespace(text) == normalize_whitespace(e.answer)
+    for reference, ids in zip(references, completions):
+        hits += normalize_whitespace(tokenizer.decode(ids, skip_special_tokens=True)) == reference
     return hits / len(encoded)

@@ -1,0 +1,101 @@
+"""Render profiles/quality.json and the recipe cards as the tables in profiles/README.md.
+
+    python -m profiles.recipes.quality_table            # print the tables
+    python -m profiles.recipes.quality_table --write    # replace them in profiles/README.md
+
+Only measured numbers appear: a profile without a measurement shows "not measured"; the
+BitDelta columns stay TODO until the compressed deltas are measured by whoever compresses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+PROFILES = Path(__file__).resolve().parent.parent
+README = PROFILES / "README.md"
+BEGIN, END = "<!-- quality-tables:begin -->", "<!-- quality-tables:end -->"
+
+
+def _cards() -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(PROFILES.glob("*/recipe.json"))}
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _em(entry: dict | None) -> str:
+    return "–" if not entry or "exact_match" not in entry else f"{100 * entry['exact_match']:.0f}%"
+
+
+def training_table(cards: dict[str, dict]) -> str:
+    rows = ["| profile | kind | task | train ex. | steps × batch | max len | lr | s/step | final train loss |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, card in cards.items():
+        r = card["recipe"]
+        rows.append(f"| `{name}` | {card['kind']} | {card['description']} | {r['train_examples']} | "
+                    f"{r['steps']} × {r['batch']} | {r['max_len']} | {r['lr']:g} | {r['seconds_per_step']:.2f} | "
+                    f"{r['final_train_loss']:.3f} |")
+    return "\n".join(rows)
+
+
+def quality_table(cards: dict[str, dict], quality: dict) -> str:
+    rows = ["| profile | kind | metric | n | loss base → profile | exact match base → profile | "
+            "1-bit (BitDelta) | 1-bit + scale distillation |",
+            "|---|---|---|---:|---|---|---|---|"]
+    for name, card in cards.items():
+        entry = quality.get(name, {})
+        base, prof = entry.get("base"), entry.get("profile")
+        todo = "TODO (after compression)" if card["kind"] == "bitdelta" else "n/a"
+        if not prof:
+            rows.append(f"| `{name}` | {card['kind']} | {card['metric']} | – | not measured | not measured | {todo} | {todo} |")
+            continue
+        em = f"{_em(base)} → **{_em(prof)}**" if card["metric"] == "exact_match" else "–"
+        rows.append(f"| `{name}` | {card['kind']} | {card['metric']} | {prof['n']} | "
+                    f"{_fmt(base['loss'])} → **{_fmt(prof['loss'])}** | {em} | {todo} | {todo} |")
+    return "\n".join(rows)
+
+
+def cross_table(quality: dict) -> str:
+    rows = ["| adapter | on eval set of | loss: base / this adapter / the set's own profile | "
+            "exact match: base / this adapter / own |", "|---|---|---|---|"]
+    for target in sorted(quality):
+        entry = quality[target]
+        for adapter, measured in sorted(entry.get("cross", {}).items()):
+            own = entry.get("profile", {})
+            rows.append(f"| `{adapter}` | `{target}` | {_fmt(entry['base']['loss'])} / {_fmt(measured['loss'])} / "
+                        f"{_fmt(own.get('loss'))} | {_em(entry['base'])} / {_em(measured)} / {_em(own)} |")
+    return "\n".join(rows)
+
+
+def render() -> str:
+    cards = _cards()
+    quality_path = PROFILES / "quality.json"
+    quality = json.loads(quality_path.read_text()) if quality_path.exists() else {}
+    return "\n\n".join([
+        "### Training (this machine: 2 shared CPU cores, bf16 autocast)", training_table(cards),
+        "### Quality on each profile's own held-out eval set", quality_table(cards, quality),
+        "### Cross evaluation (adapters on related and unrelated eval sets)", cross_table(quality),
+    ])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help=f"replace the tables in {README}")
+    args = parser.parse_args(argv)
+    tables = render()
+    if not args.write:
+        print(tables)
+        return
+    text = README.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{BEGIN}\n{tables}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    main()
