@@ -1,0 +1,58 @@
+"""`zenedge serve` (the daemon) and `zenedge ps` (what it holds in memory)."""
+
+from __future__ import annotations
+
+import click
+
+from zenedge.cli.context import load_config
+from zenedge.cli.output import json_option, print_json, print_table
+from zenedge.sizes import format_size
+
+
+@click.command("serve")
+@click.option("--socket", "socket_path", default=None, help="Unix socket path (default: server.socket or the runtime dir).")
+@click.option("--tcp", default=None, metavar="HOST:PORT",
+              help="Also listen on loopback TCP (bearer token required), e.g. 127.0.0.1:11435; port 0 picks one.")
+@click.option("--allow-remote", is_flag=True, help="Allow a non-loopback --tcp address (the token is still required).")
+@click.option("--grace", type=float, default=10.0, show_default=True,
+              help="Seconds in-flight requests get to finish on SIGTERM/SIGINT.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def serve(socket_path: str | None, tcp: str | None, allow_remote: bool, grace: float, log_level: str) -> None:
+    """Run the daemon: OpenAI-compatible /v1 and native /api over a Unix socket (and optional TCP)."""
+    import logging
+
+    from zenedge.server import instance, settings as settings_mod
+
+    cfg = load_config()
+    settings = settings_mod.resolve(cfg, socket=socket_path, tcp=tcp, allow_remote=allow_remote,
+                                    grace_seconds=grace)
+    # Refuse a second daemon before paying for torch and FastAPI (claim again, for real, in run()).
+    instance.claim(settings.home, settings.socket).release()
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from zenedge.server.daemon import Daemon
+
+    Daemon(settings, cfg).run()
+
+
+@click.command("ps")
+@json_option
+def ps(json_out: bool) -> None:
+    """What the running daemon holds: resident bases, cached variants, memory, queue, in-flight requests."""
+    from zenedge.cli.daemon import find_daemon
+    from zenedge.errors import Unavailable
+
+    daemon = find_daemon()
+    if daemon is None:
+        raise Unavailable("no zenedge daemon is running", hint="start one with `zenedge serve`")
+    status = daemon.ps()
+    if json_out:
+        return print_json(status)
+    queue = status["scheduler"]
+    click.echo(f"{status['device']} {status['dtype']}; memory {format_size(status['rss_bytes'])}; "
+               f"cache {format_size(status['cache_used_bytes'])} of {format_size(status['cache_budget_bytes'])}; "
+               f"{queue['running']} running, {queue['queued']} queued (max {queue['max_queue']})")
+    print_table([(b["name"], "base", "", f"{b['load_seconds']:.2f}s", "", "") for b in status["bases"]] +
+                [(", ".join(v["names"]) or v["key"][:12], v["kind"], format_size(v["bytes"]), f"{v['load_seconds']:.2f}s",
+                  v["requests"], status["inflight"].get(v["key"], 0)) for v in status["variants"]],
+                ["NAME", "KIND", "SIZE", "LOAD", "REQUESTS", "IN FLIGHT"], empty="nothing loaded yet")

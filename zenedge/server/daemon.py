@@ -1,0 +1,159 @@
+"""The daemon's life: claim the home, bind, serve, reload on SIGHUP, drain on SIGTERM/SIGINT.
+
+Shutdown order: stop accepting (listeners close, new jobs get 503), let in-flight requests finish
+within the grace period, cancel what is left, stop the scheduler, remove the socket and
+daemon.json, exit 0. A second SIGTERM/SIGINT skips the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable
+
+import uvicorn
+
+from zenedge import __version__
+from zenedge.api import discovery
+from zenedge.config import Config
+from zenedge.runtime.engine import Engine
+from zenedge.server import instance, listeners
+from zenedge.server.app import create_app
+from zenedge.server.maintenance import Maintenance
+from zenedge.server.scheduler import Scheduler
+from zenedge.server.settings import Settings
+from zenedge.server.state import DaemonState
+from zenedge.store import Store
+
+log = logging.getLogger("zenedge.server")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, minus its signal handling: it would re-raise SIGTERM after shutdown (exit status
+    -15 instead of 0), and the daemon needs SIGHUP for itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class Daemon:
+    def __init__(self, settings: Settings, cfg: Config, announce: Callable[[str], None] = _stderr):
+        self.settings = settings
+        self.cfg = cfg
+        self.announce = announce
+        self.started = threading.Event()   # set once the listeners accept connections
+        self.state: DaemonState | None = None
+        self.tcp_port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: _Server | None = None
+
+    def run(self) -> int:
+        """Serve until told to stop; raises AlreadyRunning when the home already has a daemon."""
+        claim = instance.claim(self.settings.home, self.settings.socket)
+        try:
+            for note in claim.notes:
+                self.announce(f"note: {note}")
+            asyncio.run(self._serve())
+            return 0
+        finally:
+            claim.release()
+
+    def request_exit(self) -> None:
+        """Thread-safe: begin a graceful shutdown (what SIGTERM does)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._begin_exit)
+
+    def _begin_exit(self) -> None:
+        if self._server is None:
+            return
+        if self._server.should_exit:
+            self._server.force_exit = True  # asked twice: skip the grace period
+            return
+        self._server.should_exit = True
+        if self.state is not None:
+            self.state.scheduler.stop_accepting()
+            running = self.state.scheduler.stats()
+            log.info("shutting down: %d running, %d queued; grace %.0fs", running["running"], running["queued"],
+                     self.settings.grace_seconds)
+
+    async def _serve(self) -> None:
+        settings = self.settings
+        store = Store(settings.home)
+        engine = Engine(store, self.cfg, progress=lambda message: log.info("base: %s", message))
+        scheduler = Scheduler(engine, max_queue=self.cfg.get("server", "max_queue"), max_batch=settings.max_batch)
+        self.state = state = DaemonState(settings, self.cfg, store, engine, scheduler)
+        maintenance = Maintenance(state)
+        app = create_app(state, maintenance)
+        unix = listeners.bind_unix(settings.socket, private_dir=settings.socket_is_default)
+        sockets = [unix.sock]
+        try:
+            if settings.tcp:
+                tcp = listeners.bind_tcp(*settings.tcp)
+                self.tcp_port = tcp.getsockname()[1]
+                sockets.append(tcp)
+        except BaseException:
+            unix.sock.close()
+            unix.remove()
+            raise
+        self._loop = asyncio.get_running_loop()
+        self._server = server = _Server(uvicorn.Config(
+            app, lifespan="off", log_config=None, access_log=False, server_header=False,
+            timeout_graceful_shutdown=settings.grace_seconds))
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._begin_exit)
+            self._loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(maintenance.reload()))
+        scheduler.start()
+        background = asyncio.create_task(maintenance.run())
+        watcher = asyncio.create_task(self._announce_when_started(server, unix.path))
+        try:
+            await server.serve(sockets=sockets)
+        finally:
+            background.cancel()
+            watcher.cancel()
+            await asyncio.to_thread(scheduler.stop, settings.grace_seconds)
+            unix.remove()
+            self._remove_info()
+            log.info("stopped")
+
+    async def _announce_when_started(self, server: _Server, socket_path) -> None:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        settings = self.settings
+        tcp = f"{settings.tcp[0]}:{self.tcp_port}" if settings.tcp else None
+        self._write_info(str(socket_path), tcp)
+        self.announce(f"zenedge {__version__} daemon (pid {os.getpid()}) serving {settings.home}")
+        self.announce(f"  unix socket  {socket_path}")
+        if tcp:
+            self.announce(f"  tcp          http://{tcp}  (bearer token: {settings.token_source})")
+        for note in settings.notes:
+            self.announce(f"note: {note}")
+        self.started.set()
+
+    def _write_info(self, socket_path: str, tcp: str | None) -> None:
+        info = {"pid": os.getpid(), "version": __version__, "socket": socket_path, "tcp": tcp,
+                "home_id": discovery.home_id(self.settings.home), "started_at": time.time()}
+        path = discovery.info_path(self.settings.home)
+        tmp = path.with_name(f".daemon-{os.getpid()}.json")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(info, handle)
+        os.replace(tmp, path)
+
+    def _remove_info(self) -> None:
+        path = discovery.info_path(self.settings.home)
+        info = discovery.read_info(self.settings.home)
+        if info and info.get("pid") == os.getpid():
+            path.unlink(missing_ok=True)

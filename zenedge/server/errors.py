@@ -1,0 +1,142 @@
+"""The one place where exceptions become HTTP responses.
+
+Every error body is `{"error": {"code", "message", "hint"?}}`. ZenedgeError subclasses carry their
+own `code` and `http_status` (zenedge.errors); the few errors that only exist on the wire are
+declared here, in the same hierarchy. FastAPI's own errors are converted: malformed JSON → 400,
+schema violations → 422, unknown routes → 404, anything unexpected → 500 with the traceback in
+the daemon's log and never in the response.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from zenedge.errors import Conflict, InvalidInput, NotFound, Unavailable, ZenedgeError
+
+log = logging.getLogger("zenedge.server")
+
+
+class NotAvailableYet(Unavailable):
+    """A feature whose implementation is not installed in this build (e.g. the registry)."""
+
+    code = "not_implemented"
+    http_status = 501
+
+
+class QueueFull(Unavailable):
+    code = "queue_full"
+    retry_after = 1
+
+
+class ShuttingDown(Unavailable):
+    code = "shutting_down"
+
+
+class Unauthorized(ZenedgeError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class Forbidden(ZenedgeError):
+    code = "forbidden"
+    http_status = 403
+
+
+class MalformedJSON(InvalidInput):
+    code = "invalid_json"
+
+
+class InvalidRequest(InvalidInput):
+    """The body parsed but does not fit the schema."""
+
+    code = "invalid_request"
+    http_status = 422
+
+
+class MethodNotAllowed(InvalidInput):
+    code = "method_not_allowed"
+    http_status = 405
+
+
+class AlreadyRunning(Conflict):
+    code = "already_running"
+
+
+def payload(exc: ZenedgeError) -> dict[str, Any]:
+    detail: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    if exc.hint:
+        detail["hint"] = exc.hint
+    return {"error": detail}
+
+
+def response(exc: BaseException):
+    """The HTTP response for any exception (unexpected ones are logged, not shown)."""
+    from starlette.responses import JSONResponse  # here, so that the error classes stay importable cheaply
+
+    if not isinstance(exc, ZenedgeError):
+        log.error("unexpected error while serving a request", exc_info=exc)
+        exc = ZenedgeError("internal error in the zenedge daemon (details are in its log)")
+    headers = {}
+    if isinstance(exc, QueueFull):
+        headers["Retry-After"] = str(exc.retry_after)
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(payload(exc), status_code=exc.http_status, headers=headers)
+
+
+def stream_payload(exc: BaseException) -> dict[str, Any]:
+    """An error that happens after a stream has started travels as one last event."""
+    if not isinstance(exc, ZenedgeError):
+        log.error("unexpected error while streaming", exc_info=exc)
+        exc = ZenedgeError("internal error in the zenedge daemon (details are in its log)")
+    return payload(exc)
+
+
+def _describe_validation(errors: list[dict[str, Any]]) -> str:
+    parts = []
+    for error in errors[:3]:
+        where = ".".join(str(p) for p in error.get("loc", ())[1:]) or "body"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(parts) + more
+
+
+def install(app) -> None:
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    from zenedge.server.streaming import ClientGone
+
+    async def on_zenedge_error(request, exc: ZenedgeError):
+        return response(exc)
+
+    async def on_validation_error(request, exc: RequestValidationError):
+        errors = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            ctx = next((e.get("ctx") or {} for e in errors if e.get("type") == "json_invalid"), {})
+            return response(MalformedJSON(f"malformed JSON body: {ctx.get('error', 'cannot parse')}"))
+        return response(InvalidRequest(f"invalid request: {_describe_validation(errors)}"))
+
+    async def on_http_error(request, exc: HTTPException):
+        if exc.status_code == 404:
+            return response(NotFound(f"no endpoint {request.method} {request.url.path}"))
+        if exc.status_code == 405:
+            return response(MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}"))
+        error = ZenedgeError(str(exc.detail))
+        error.http_status = exc.status_code  # Starlette's own errors keep their status
+        return response(error)
+
+    async def on_client_gone(request, exc):
+        from starlette.responses import Response
+
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
+    async def on_unexpected(request, exc: Exception):
+        return response(exc)
+
+    app.add_exception_handler(ZenedgeError, on_zenedge_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(ClientGone, on_client_gone)
+    app.add_exception_handler(Exception, on_unexpected)

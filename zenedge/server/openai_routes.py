@@ -1,0 +1,144 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions.
+
+`model` is a profile in the pool or a base name. Sampling follows OpenAI's defaults (temperature 1,
+top_p 1); `max_completion_tokens` wins over `max_tokens`. Streams are server-sent events ending
+with `data: [DONE]`; with `stream_options.include_usage` a last chunk without choices carries the
+usage, as OpenAI sends it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import AsyncIterator, Callable
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from zenedge.api import wire
+from zenedge.runtime.engine import Prompt
+from zenedge.runtime.generate import SamplingParams
+from zenedge.server import errors, streaming
+from zenedge.server.scheduler import Job
+from zenedge.server.state import DaemonState
+
+DEFAULT_MAX_TOKENS = 256
+STREAM_DOC = {200: {"description": "a JSON body, or with `stream: true` server-sent events of chunks",
+                    "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+
+
+def sampling(body: wire.SamplingFields, max_tokens: int | None) -> SamplingParams:
+    stop = body.stop if body.stop is not None else ()
+    return SamplingParams(
+        max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
+    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
+
+
+def router(state: DaemonState) -> APIRouter:
+    api = APIRouter(prefix="/v1", tags=["openai"])
+
+    async def submit(request: Request, model: str, prompt: Prompt, params: SamplingParams) -> tuple[Job, int]:
+        route = await run_in_threadpool(state.route, model)
+        job = state.scheduler.submit(route, prompt, params)
+        return job, await streaming.started(request, job)
+
+    @api.get("/models", response_model=wire.ModelList)
+    async def models() -> wire.ModelList:
+        return await run_in_threadpool(_models, state)
+
+    @api.post("/chat/completions", response_model=wire.ChatCompletion, responses=STREAM_DOC)
+    async def chat_completions(body: wire.ChatCompletionRequest, request: Request):
+        params = sampling(body, body.max_completion_tokens or body.max_tokens)
+        prompt = Prompt(messages=[{"role": m.role, "content": m.text()} for m in body.messages])
+        ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
+        job, prompt_tokens = await submit(request, body.model, prompt, params)
+        if body.stream:
+            def chunk(choices: list, used: wire.Usage | None = None) -> dict:
+                return wire.ChatCompletionChunk(id=ident, created=created, model=body.model, choices=choices,
+                                                usage=used).model_dump(exclude_none=True)
+
+            def piece(text: str | None, reason: str | None, role: str | None = None) -> list:
+                delta = wire.ChunkDelta(role=role, content=text)
+                return [wire.ChunkChoice(index=0, delta=delta, finish_reason=reason)]
+
+            first = chunk(piece("", None, role="assistant"))
+            events = _stream(job, prompt_tokens, _include_usage(body), first,
+                             text=lambda t: chunk(piece(t, None)), end=lambda r: chunk(piece(None, r)),
+                             final=lambda u: chunk([], u))
+            return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
+        outcome = await streaming.collect(request, job, prompt_tokens)
+        message = wire.AssistantMessage(content=outcome.text)
+        return wire.ChatCompletion(id=ident, created=created, model=body.model,
+                                   choices=[wire.ChatChoice(index=0, message=message, finish_reason=outcome.finish_reason)],
+                                   usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
+
+    @api.post("/completions", response_model=wire.Completion, responses=STREAM_DOC)
+    async def completions(body: wire.CompletionRequest, request: Request):
+        params = sampling(body, body.max_tokens)
+        prompt = Prompt(text=body.prompt if isinstance(body.prompt, str) else body.prompt[0])
+        ident, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
+        job, prompt_tokens = await submit(request, body.model, prompt, params)
+
+        def completion(text: str, reason: str | None, used: wire.Usage | None = None, choices: bool = True) -> dict:
+            picked = [wire.CompletionChoice(index=0, text=text, finish_reason=reason)] if choices else []
+            return wire.Completion(id=ident, created=created, model=body.model, choices=picked,
+                                   usage=used).model_dump(exclude_none=True)
+
+        if body.stream:
+            events = _stream(job, prompt_tokens, _include_usage(body), None, text=lambda t: completion(t, None),
+                             end=lambda r: completion("", r), final=lambda u: completion("", None, u, choices=False))
+            return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
+        outcome = await streaming.collect(request, job, prompt_tokens)
+        return wire.Completion(id=ident, created=created, model=body.model,
+                               choices=[wire.CompletionChoice(index=0, text=outcome.text,
+                                                              finish_reason=outcome.finish_reason)],
+                               usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
+
+    return api
+
+
+def _include_usage(body: wire.SamplingFields) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+async def _stream(job: Job, prompt_tokens: int, include_usage: bool, first: dict | None, *,
+                  text: Callable[[str], dict], end: Callable[[str], dict],
+                  final: Callable[[wire.Usage], dict]) -> AsyncIterator[bytes]:
+    """SSE for one job: an optional opening chunk, one chunk per piece of text, a chunk with the
+    finish reason, the usage chunk if asked, then [DONE]. A failure mid-stream is one error event."""
+    tokens = 0
+    try:
+        if first is not None:
+            yield streaming.sse(first)
+        async for delta in streaming.deltas(job):
+            tokens += delta.token_id is not None
+            if delta.text:
+                yield streaming.sse(text(delta.text))
+            if delta.finish_reason:
+                yield streaming.sse(end(delta.finish_reason))
+        if include_usage:
+            yield streaming.sse(final(usage(prompt_tokens, tokens)))
+    except streaming.ClientGone:
+        return
+    except Exception as exc:
+        yield streaming.sse(errors.stream_payload(exc))
+    yield streaming.sse("[DONE]")
+
+
+def _models(state: DaemonState) -> wire.ModelList:
+    cards = []
+    for base in state.store.bases():
+        cards.append(wire.ModelCard(id=base["name"], created=int(base["created_at"]), kind="base", base=base["name"]))
+    for row in state.store.names():
+        cards.append(wire.ModelCard(id=row["name"], created=int(row["created_at"]), kind=row["kind"], base=row["base"]))
+    return wire.ModelList(data=cards)
+

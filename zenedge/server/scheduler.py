@@ -1,0 +1,217 @@
+"""The scheduler: a bounded queue of generation jobs and one worker thread that runs them in batches.
+
+The worker takes the oldest waiting job and every other waiting job on the same base (up to
+`max_batch`), and runs them as ONE mixed batch through `generate()`: each row carries its own
+variant, sampling parameters and cancellation event. Each step's deltas go back to their jobs'
+asyncio queues with one `call_soon_threadsafe` per step, so the event loop never waits on torch.
+
+Variant loads go through the engine's delta cache (single-flight). A job whose client leaves is
+cancelled: while waiting it is dropped, while running its row ends at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from zenedge.errors import InvalidInput
+from zenedge.runtime.engine import Engine, Prompt
+from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, generate
+from zenedge.runtime.router import Route
+from zenedge.server.errors import QueueFull, ShuttingDown
+
+log = logging.getLogger("zenedge.server")
+
+
+@dataclass(eq=False)
+class Job:
+    route: Route
+    prompt: Prompt
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("start", n) | ("delta", Delta) | ("error", exc)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    done: bool = False  # set by the worker once the job's last event is sent
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@dataclass
+class Counters:
+    batches: int = 0
+    largest_batch: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    rejected: int = 0
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, *, max_queue: int, max_batch: int = 8):
+        self.engine = engine
+        self.max_queue = max_queue
+        self.max_batch = max_batch
+        self.counters = Counters()
+        self._waiting: deque[Job] = deque()
+        self._running: list[Job] = []
+        self._cond = threading.Condition()
+        self._accepting = True
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name="zenedge-scheduler", daemon=True)
+
+    # -- event-loop side -----------------------------------------------------------------------
+    def submit(self, route: Route, prompt: Prompt, params: SamplingParams) -> Job:
+        job = Job(route, prompt, params, asyncio.get_running_loop())
+        with self._cond:
+            if not self._accepting:
+                raise ShuttingDown("the daemon is shutting down", hint="retry once it is back")
+            self._drop_cancelled()
+            if len(self._waiting) >= self.max_queue:
+                self.counters.rejected += 1
+                raise QueueFull(f"{len(self._waiting)} requests are already waiting (server.max_queue)",
+                                hint="retry shortly")
+            self._waiting.append(job)
+            self._cond.notify()
+        return job
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            return {"queued": sum(not j.cancelled.is_set() for j in self._waiting), "running": len(self._running),
+                    "max_queue": self.max_queue, "max_batch": self.max_batch, **vars(self.counters)}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop_accepting(self) -> None:
+        with self._cond:
+            self._accepting = False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Fail waiting jobs, cancel running ones, and wait for the worker to finish its step."""
+        with self._cond:
+            self._accepting = False
+            self._stopping = True
+            waiting, self._waiting = list(self._waiting), deque()
+            for job in self._running:
+                job.cancel()
+            self._cond.notify_all()
+        for job in waiting:
+            self._deliver([(job, ("error", ShuttingDown("the daemon is shutting down")))])
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- worker side -----------------------------------------------------------------------------
+    def _drop_cancelled(self) -> None:
+        kept = deque(j for j in self._waiting if not j.cancelled.is_set())
+        self.counters.cancelled += len(self._waiting) - len(kept)
+        self._waiting = kept
+
+    def _take(self) -> list[Job]:
+        """The oldest job and the waiting jobs on its base, in arrival order, up to max_batch."""
+        self._drop_cancelled()
+        first = self._waiting.popleft()
+        batch, kept = [first], deque()
+        for job in self._waiting:
+            if job.route.base == first.route.base and len(batch) < self.max_batch:
+                batch.append(job)
+            else:
+                kept.append(job)
+        self._waiting = kept
+        return batch
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not any(not j.cancelled.is_set() for j in self._waiting):
+                    self._cond.wait(timeout=1.0)
+                    self._drop_cancelled()
+                if self._stopping:
+                    return
+                batch = self._take()
+                self._running = batch
+                self.counters.batches += 1
+                self.counters.largest_batch = max(self.counters.largest_batch, len(batch))
+            try:
+                self._run(batch)
+            except BaseException as exc:  # the worker must outlive any one batch
+                log.error("batch of %d failed", len(batch), exc_info=exc)
+                self._deliver([(job, ("error", exc)) for job in batch if not job.done], finishing=True)
+            finally:
+                with self._cond:
+                    self._running = []
+
+    def _run(self, batch: list[Job]) -> None:
+        engine = self.engine
+        try:
+            resident = engine.resident(batch[0].route.base)
+        except Exception as exc:
+            self._deliver([(job, ("error", exc)) for job in batch], finishing=True)
+            return
+        jobs, requests = [], []
+        for job in batch:
+            try:
+                ids = job.prompt.encode(resident.tokenizer)
+                if not ids:
+                    raise InvalidInput("the prompt is empty")
+                request = GenerationRequest(ids, engine.variant(job.route), job.params, job.cancelled)
+            except Exception as exc:
+                self._deliver([(job, ("error", exc))], finishing=True)
+                continue
+            self._record(job.route)
+            jobs.append(job)
+            requests.append(request)
+        if not jobs:
+            return
+        self._deliver([(job, ("start", len(r.input_ids))) for job, r in zip(jobs, requests)])
+        started = time.perf_counter()
+        with ExitStack() as stack:
+            for job in jobs:
+                stack.enter_context(engine.router.inflight(job.route))
+            for deltas in generate(resident, requests):
+                self._deliver([(jobs[d.index], ("delta", d)) for d in deltas])
+        log.debug("batch of %d on %s in %.2fs", len(jobs), batch[0].route.base, time.perf_counter() - started)
+
+    def _record(self, route: Route) -> None:
+        if route.adapter is None:
+            return
+        try:
+            self.engine.store.record_requests(route.adapter["id"])
+        except Exception as exc:  # request statistics must never fail a request
+            log.warning("could not record a request for %s: %s", route.name, exc)
+
+    def _deliver(self, items: list[tuple[Job, tuple]], finishing: bool = False) -> None:
+        """Hand events to their jobs' event loops: one callback per loop per call."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Job, tuple]]] = {}
+        for job, event in items:
+            kind, value = event
+            if finishing or kind == "error" or (kind == "delta" and value.finish_reason):
+                job.done = True
+                self._count(event)
+            by_loop.setdefault(job.loop, []).append((job, event))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:
+                pass  # that loop is closed: its clients are gone
+
+    def _count(self, event: tuple) -> None:
+        kind, value = event
+        if kind == "error":
+            self.counters.failed += 1
+        elif isinstance(value, Delta) and value.finish_reason == "cancelled":
+            self.counters.cancelled += 1
+        else:
+            self.counters.completed += 1
+
+
+def _put_all(items: list[tuple[Job, tuple]]) -> None:
+    for job, event in items:
+        job.events.put_nowait(event)

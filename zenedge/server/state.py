@@ -1,0 +1,78 @@
+"""What the routes share: the pool, the engine, the scheduler, and the config in force.
+
+Methods here are blocking (SQLite, the writer lock, torch); routes call them through a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from zenedge import __version__, policy
+from zenedge.api import discovery
+from zenedge.config import Config
+from zenedge.errors import AdapterNotFound, BudgetExceeded, InvalidName
+from zenedge.runtime.engine import Engine
+from zenedge.runtime.router import Route
+from zenedge.server.scheduler import Scheduler
+from zenedge.server.settings import Settings
+from zenedge.store import Store
+
+log = logging.getLogger("zenedge.server")
+
+
+@dataclass
+class DaemonState:
+    settings: Settings
+    cfg: Config
+    store: Store
+    engine: Engine
+    scheduler: Scheduler
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def uptime(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def health(self) -> dict:
+        return {"status": "ok", "version": __version__, "pid": os.getpid(), "uptime_seconds": self.uptime,
+                "home_id": discovery.home_id(self.settings.home)}
+
+    def route(self, model: str) -> Route:
+        """A request's `model` → route; any name that is not a base or a pulled profile is a 404."""
+        try:
+            return self.engine.router.route(model)
+        except InvalidName:
+            raise AdapterNotFound(f"model {model[:80]!r} does not exist", hint="see GET /v1/models") from None
+
+    def sync_cache(self) -> None:
+        """Forget cached variants whose adapters left the pool (removed, evicted, merged away)."""
+        present = {a["id"] for a in self.store.adapters()}
+        for entry in self.engine.cache.snapshot():
+            if entry["key"] not in present:
+                self.engine.cache.drop(entry["key"])
+
+    def apply_config(self, cfg: Config) -> list[str]:
+        """Put a re-read config in force without a restart; return what changed."""
+        old, self.cfg = self.cfg, cfg
+        self.engine.cfg = cfg
+        changed = [f"{section}.{key}" for section, keys in cfg.values.items() for key, value in keys.items()
+                   if old.values.get(section, {}).get(key) != value]
+        runtime = cfg.values["runtime"]
+        self.engine.cache.set_budget(runtime["cache_budget"], set(runtime["pinned"]))
+        self.scheduler.max_queue = cfg.get("server", "max_queue")
+        if {"pool.budget", "runtime.pinned"} & set(changed):
+            try:
+                plan = policy.enforce_budget(self.store, cfg)
+                if plan.evict:
+                    log.info("budget now %d bytes: evicted %s", cfg.budget, ", ".join(plan.names))
+            except BudgetExceeded as exc:
+                log.warning("config reload: %s", exc)
+            self.sync_cache()
+        restart_only = [c for c in changed if c.startswith("server.") and c not in ("server.max_queue",
+                                                                                      "server.cors_origins")]
+        if restart_only:
+            log.warning("%s change(s) take effect after a restart", ", ".join(restart_only))
+        return changed

@@ -1,0 +1,114 @@
+"""The async side of a generation job: waiting for it, streaming it, and noticing when the client leaves.
+
+A handler first awaits the job's start (queued → running), so that errors known before the first
+token (a variant that fails to load, an empty prompt) still get a proper HTTP status; only then
+does a streamed response commit to 200. A client that disconnects cancels its job, whether it is
+still waiting in the queue or generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from zenedge.runtime.generate import Delta
+from zenedge.server.scheduler import Job
+
+
+class ClientGone(Exception):
+    """The client disconnected; nobody is left to answer."""
+
+
+@dataclass
+class Outcome:
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@asynccontextmanager
+async def cancel_on_disconnect(request: Request, job: Job):
+    """While inside, a client disconnect cancels `job` and wakes whoever waits on its events."""
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                job.cancel()
+                job.events.put_nowait(("gone", None))
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+async def next_event(job: Job) -> tuple[str, Any]:
+    kind, value = await job.events.get()
+    if kind == "error":
+        raise value
+    if kind == "gone":
+        raise ClientGone()
+    return kind, value
+
+
+async def started(request: Request, job: Job) -> int:
+    """Wait until the job runs; return its prompt token count (or raise its error)."""
+    async with cancel_on_disconnect(request, job):
+        _, prompt_tokens = await next_event(job)
+    return prompt_tokens
+
+
+async def deltas(job: Job) -> AsyncIterator[Delta]:
+    """The job's deltas until its finish reason (after `started`)."""
+    while True:
+        _, delta = await next_event(job)
+        yield delta
+        if delta.finish_reason:
+            return
+
+
+async def collect(request: Request, job: Job, prompt_tokens: int) -> Outcome:
+    """Run a started job to the end for a non-streamed answer."""
+    parts, tokens, reason = [], 0, "length"
+    async with cancel_on_disconnect(request, job):
+        async for delta in deltas(job):
+            parts.append(delta.text)
+            tokens += delta.token_id is not None
+            reason = delta.finish_reason or reason
+    return Outcome("".join(parts), reason, prompt_tokens, tokens)
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def ndjson(payload: dict[str, Any]) -> bytes:
+    return (json.dumps(payload, separators=(",", ":"), default=str) + "\n").encode()
+
+
+class JobStreamingResponse(StreamingResponse):
+    """A streamed response that runs `on_close` however it ends (finished, client gone, shutdown):
+    Starlette closes streams differently across ASGI versions, so the body generator's own
+    `finally` is not enough to cancel a job."""
+
+    def __init__(self, content, *, on_close: Callable[[], None], media_type: str):
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
