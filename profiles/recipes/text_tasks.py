@@ -42,6 +42,12 @@ def _first_sentences(text: str, max_chars: int) -> str:
     return out
 
 
+def _last_sentence(text: str, max_chars: int) -> str:
+    """The last sentence, or its last max_chars cut at a word boundary when it is longer."""
+    last = re.split(r"(?<=[.!?])\s+(?=[A-Z\"'(])", text.strip())[-1]
+    return last if len(last) <= max_chars else last[-max_chars:].split(" ", 1)[-1]
+
+
 def _sample(items_by_split: dict[str, list], rng, split: str):
     items = items_by_split[split]
     if not items:
@@ -91,7 +97,7 @@ def _writer_items() -> dict[str, list[tuple[str, str]]]:
                 prompt = f"Explain {heading} in the style of the Python documentation."
             else:
                 prompt = (f"Continue the Python documentation on {heading}. "
-                          f"The previous paragraph ended: \"{previous[-160:]}\"")
+                          f"The previous paragraph ended: \"{_last_sentence(previous, 160)}\"")
             # Split by section, not topic: topics differ wildly in size, sections much less.
             items[split_of(f"{key}:{heading}")].append((prompt, answer))
             previous = answer
