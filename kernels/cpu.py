@@ -24,6 +24,7 @@ LUT_MAX_ROWS = 8                   # above this, rebuilding W_hat chunks and one
 _CHUNK_ELEMENTS = 1 << 20          # ~4 MB of fp32 temporaries per chunk, whatever the layer size
 _BIT_MASKS = 1 << torch.arange(8, dtype=torch.uint8)
 _BYTE_SIGNS: dict[torch.dtype, torch.Tensor] = {}
+_OFFSETS: dict[int, torch.Tensor] = {}
 
 
 def _byte_signs(dtype: torch.dtype) -> torch.Tensor:
@@ -54,20 +55,32 @@ def _bits(chunk: torch.Tensor, in_features: int) -> torch.Tensor:
     return ((chunk[:, :, None] & _BIT_MASKS) != 0).view(chunk.shape[0], -1)[:, :in_features]
 
 
+def _byte_offsets(width: int) -> torch.Tensor:
+    """[KB] int32: first table row of each byte position (kb * 256), cached per width."""
+    offsets = _OFFSETS.get(width)
+    if offsets is None:
+        offsets = _OFFSETS[width] = torch.arange(width, dtype=torch.int32) * 256
+    return offsets
+
+
 def sign_products(x: torch.Tensor, packed: torch.Tensor, in_features: int) -> torch.Tensor:
     """x[M, in] · S(packed [out, in/8])ᵀ -> fp32 [M, out] through byte lookup tables (small M)."""
     m = x.shape[0]
     out_features, width = packed.shape
-    x32 = F.pad(x.float(), (0, width * 8 - in_features))                 # zero pad to whole bytes
-    table = torch.matmul(x32.view(m, width, 8).transpose(0, 1), _byte_signs(torch.float32))   # [KB, M, 256]
+    x32 = x.float()
+    if width * 8 != in_features:
+        x32 = F.pad(x32, (0, width * 8 - in_features))                   # zero pad to whole bytes
+    table = torch.bmm(x32.view(m, width, 8).transpose(0, 1), _byte_signs(torch.float32).expand(width, 8, 256))
     # Fresh buffer, not .contiguous(): for M = 1 that keeps a stride of 256 on the size-1 dim and
     # sends embedding_bag down a path 20x slower.
     table = torch.empty(width * 256, m).copy_(table.transpose(1, 2).reshape(width * 256, m))   # [kb*256+v, M]
-    offsets = torch.arange(width, dtype=torch.int32) * 256                # [KB]
-    result = torch.empty(out_features, m, dtype=torch.float32)
+    offsets = _byte_offsets(width)
     step = _rows_per_chunk(width * 2)
+    if step >= out_features:                                              # one chunk: no slicing
+        return F.embedding_bag(packed.to(torch.int32).add_(offsets), table, mode="sum").T
+    result = torch.empty(out_features, m, dtype=torch.float32)
     for start in range(0, out_features, step):
-        idx = packed[start:start + step].to(torch.int32) + offsets        # [c, KB] table rows
+        idx = packed[start:start + step].to(torch.int32).add_(offsets)   # [c, KB] table rows
         result[start:start + step] = F.embedding_bag(idx, table, mode="sum")
     return result.T                                                       # [M, out]
 

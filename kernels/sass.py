@@ -8,6 +8,7 @@ HGMMA (wgmma) rather than HMMA. Uses the cuobjdump that ships inside the triton 
 from __future__ import annotations
 
 import collections
+import multiprocessing
 import os
 import re
 import subprocess
@@ -65,12 +66,12 @@ def _count_ops(sass: str) -> collections.Counter:
 
 
 def compile_one(variant: str, row_mode: int, nslot: int, cfg: KernelConfig) -> SassReport:
+    """Compile in this process; it must not run TRITON_INTERPRET=1 (use compile_reports otherwise)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from .fused_kernel import _bitdelta_kernel
-
     names = _bitdelta_kernel.arg_names
     signature = {name: _POINTERS.get(name, "i32" if name in _INTS else "constexpr") for name in names}
     constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k,
@@ -105,11 +106,23 @@ def _job(args):
     return compile_one(*args)
 
 
+def _compiler_process() -> None:
+    # Runs in each fresh worker before triton is imported there: @triton.jit (tl.cdiv, tl.sum
+    # too) becomes an interpreter object when TRITON_INTERPRET=1, and those cannot compile.
+    os.environ["TRITON_INTERPRET"] = "0"
+
+
+def compile_reports(jobs: list[tuple], workers: int | None = None) -> list[SassReport]:
+    """Compile (variant, row_mode, nslot, config) jobs in spawned worker processes."""
+    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_compiler_process) as pool:
+        return list(pool.map(_job, jobs))
+
+
 def all_reports(workers: int | None = None) -> list[SassReport]:
     jobs = [(name, mode, nslot, cfg) for name, mode, nslot, configs in VARIANTS for cfg in configs]
-    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_job, jobs))
+    return compile_reports(jobs, workers)
 
 
 def _config_text(cfg: KernelConfig) -> str:
