@@ -65,6 +65,9 @@ def test_concurrent_imports_under_a_tight_budget_never_breach_it(isolated_home, 
     dirs = [write_lora_dir(tmp_path / f"t{i}", shapes, seed=200 + i) for i in range(5)]
     one = (dirs[0] / "adapter_model.safetensors").stat().st_size
     run_cli("budget", "set", f"{2 * one + 10}B", check=True)
+    from zenedge import config, paths
+
+    config.set_value("pool", "on_no_merge", "refuse", paths.config_path())
     procs = [subprocess.Popen([sys.executable, "-m", "zenedge.cli", "import", str(d), "--name", f"t{i}",
                                "--base", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, d in enumerate(dirs)]

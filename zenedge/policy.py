@@ -8,6 +8,8 @@ request-rate-weighted LRU eviction when the user lowers the budget.
 
 from __future__ import annotations
 
+import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,27 +97,143 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
     return store_adapter(store, cfg, adapter, entry)
 
 
-def check_admission(store: Store, cfg: Config, name: str, size: int) -> None:
-    """Before a download: refuse early when `size` more bytes cannot fit the budget."""
-    used = store.used_bytes()
-    row = store.name(name)
-    if row is not None and len(store.names_of(row["adapter_id"])) == 1:
-        used -= store.adapter(row["adapter_id"])["bytes"]  # re-pulling a name replaces its adapter
-    if used + size > cfg.budget:
+def check_admission(store: Store, cfg: Config, name: str, size: int, kind: str) -> None:
+    """Before a download: refuse early only what no merge or eviction could ever admit."""
+    if size > cfg.budget:
+        raise BudgetExceeded(f"{name!r} needs {format_size(size)}, more than the whole "
+                             f"{format_size(cfg.budget)} budget", hint="raise it with `zenedge budget set SIZE`")
+    if kind == "lora" or cfg.get("pool", "on_no_merge") == "evict":
+        return  # a merge or an eviction can make room; the policy decides after the download
+    if store.used_bytes() + size > cfg.budget:
         raise BudgetExceeded(
-            f"{name!r} needs {format_size(size)} but only {format_size(max(0, cfg.budget - used))} "
-            f"of the {format_size(cfg.budget)} budget is free",
-            hint="free space with `zenedge rm NAME` or raise it with `zenedge budget set SIZE`",
-        )
+            f"{name!r} needs {format_size(size)} but only {format_size(max(0, cfg.budget - store.used_bytes()))} "
+            f"of the {format_size(cfg.budget)} budget is free, and pool.on_no_merge is \"refuse\"",
+            hint="free space with `zenedge rm NAME` or raise it with `zenedge budget set SIZE`")
 
 
-def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName,
-                  event: str = "import") -> dict[str, Any]:
-    """Commit an adapter within the budget and slot limit, or refuse saying what would fix it."""
+def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str = "import",
+                  engine=None) -> dict[str, Any]:
+    """Commit an adapter within the budget and slot limit. Under pressure a LoRA is merged into the
+    most similar stored adapter if the quality gate passes; otherwise the policy evicts
+    (rate-weighted LRU, never pinned) or refuses, as `pool.on_no_merge` says."""
+    with store.writing():
+        attempts: list[dict[str, Any]] = []
+        if adapter.kind == "lora" and _prefers_merge(store, cfg, adapter):
+            merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, event)
+            if merged:
+                return merged
+        try:
+            return _commit(store, cfg, adapter, entry, event, action="stored")
+        except BudgetExceeded as pressure:
+            if adapter.kind == "lora" and not attempts:
+                merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, event)
+                if merged:
+                    return merged
+            if cfg.get("pool", "on_no_merge") == "refuse":
+                best = max(attempts, key=lambda a: min(a["retention"].values(), default=0), default=None)
+                detail = f"; best merge kept {best['retention']}" if best else "; nothing could be merged"
+                raise BudgetExceeded(f"{pressure.message}{detail}; nothing was changed (pool.on_no_merge = \"refuse\")",
+                                     hint=pressure.hint or "raise the budget or remove a profile") from None
+            return _evict_until_it_fits(store, cfg, adapter, entry, event, pressure, attempts)
+
+
+def _commit(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, action: str,
+            **extra: Any) -> dict[str, Any]:
     adapter_id = store.put_adapter(adapter, [entry], budget=cfg.budget,
                                    max_adapters=cfg.get("pool", "max_adapters"), event=event)
     row = store.adapter(adapter_id)
-    return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"]}
+    return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"],
+            "action": action, **extra}
+
+
+def _prefers_merge(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
+    """K-Merge++ (`pool.slot_threshold` > 0): with a free slot, still merge when the new adapter is
+    similar enough to a stored one. Decided by the merge attempt itself (the gate still applies)."""
+    threshold = cfg.get("pool", "slot_threshold")
+    return threshold > 0 and any(a["kind"] in ("lora", "merged") and a["base"] == adapter.base
+                                 for a in store.adapters())
+
+
+def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, engine,
+                          attempts: list[dict[str, Any]], event: str, max_candidates: int = 3) -> dict[str, Any] | None:
+    from zenedge.adapters.lora_tensors import read_lora_factors
+    from zenedge.kmerge import Incoming, PoolMerger
+
+    import torch
+
+    merger = PoolMerger(store, cfg, _resident(store, cfg, adapter.base, engine))
+    incoming = Incoming(entry.name, read_lora_factors(adapter.weights, adapter.config, dtype=torch.float32),
+                        entry.eval_path, dict(entry.quality))
+    slot_threshold = cfg.get("pool", "slot_threshold")
+    for candidate, similarity in merger.candidates(incoming, adapter.base)[:max_candidates]:
+        if slot_threshold > 0 and similarity < slot_threshold and not attempts and _has_room(store, cfg, adapter):
+            return None  # K-Merge++: dissimilar to everything and a slot is free: take the slot
+        attempt = merger.attempt(candidate, similarity, incoming)
+        attempts.append(attempt.summary())
+        entry.quality = incoming.quality
+        if not attempt.accepted:
+            continue
+        with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
+            weights, config, state = merger.write(attempt, adapter.base, Path(work))
+            merged = NewAdapter(kind="merged", base=adapter.base, weights=weights, rank=config["r"],
+                                target_modules=sorted(attempt.state.merged), config=config, state=state,
+                                origin={"source": "merge", "members": attempt.members})
+            names = [NewName(name=n, quality=attempt.qualities.get(n) or (store.name(n) or {}).get("quality") or {})
+                     for n in attempt.members if n != entry.name]
+            names.append(NewName(name=entry.name, version=entry.version, description=entry.description,
+                                 eval_path=entry.eval_path, quality=incoming.quality, origin=entry.origin))
+            try:
+                adapter_id = store.put_adapter(
+                    merged, names, budget=cfg.budget, max_adapters=cfg.get("pool", "max_adapters"),
+                    replaces=[candidate["id"]], event="merge",
+                    merge={"members": json.dumps(attempt.members), "method": "opcm", "similarity": similarity,
+                           "retention": json.dumps(attempt.summary()["retention"])})
+            except BudgetExceeded:
+                continue  # merged and still too big: try the next candidate, then evict
+        return {"name": entry.name, "adapter_id": adapter_id, "kind": "merged",
+                "bytes": store.adapter(adapter_id)["bytes"], "action": "merged",
+                "merged_with": [n for n in attempt.members if n != entry.name], "attempts": attempts}
+    return None
+
+
+def _has_room(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
+    size = adapter.weights.stat().st_size
+    return (store.used_bytes() + size <= cfg.budget
+            and store.usage().adapters < cfg.get("pool", "max_adapters"))
+
+
+def _evict_until_it_fits(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str,
+                         pressure: BudgetExceeded, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Plan the evictions first (rate-weighted LRU, never pinned); evict only if the plan works."""
+    size = adapter.weights.stat().st_size
+    replacing = (store.name(entry.name) or {}).get("adapter_id")
+    alone = replacing is not None and len(store.names_of(replacing)) == 1
+    used = store.used_bytes() - (store.adapter(replacing)["bytes"] if alone else 0)
+    count = store.usage().adapters - (1 if alone else 0)
+    over_bytes = used + size - cfg.budget
+    over_slots = count + 1 - cfg.get("pool", "max_adapters")
+    victims = []
+    for victim in store.eviction_order(pinned_names=cfg.get("runtime", "pinned")):
+        if over_bytes <= 0 and over_slots <= 0:
+            break
+        if victim["id"] == replacing:
+            continue
+        victims.append(victim["id"])
+        over_bytes -= victim["bytes"] + _eval_bytes(store, store.names_of(victim["id"]))
+        over_slots -= 1
+    if over_bytes > 0 or over_slots > 0:
+        raise BudgetExceeded(f"{pressure.message}; evicting every unpinned adapter would not make room",
+                             hint=pressure.hint) from None
+    evicted = store.evict(victims, reason=f"making room for {entry.name!r}")
+    return _commit(store, cfg, adapter, entry, event, action="evicted", evicted=evicted, attempts=attempts)
+
+
+def _resident(store: Store, cfg: Config, base: str, engine=None):
+    if engine is None:
+        from zenedge.runtime.engine import Engine
+
+        engine = Engine(store, cfg)
+    return engine.resident(base)
 
 
 def plan_budget(store: Store, cfg: Config, budget: int) -> EvictionPlan:

@@ -53,7 +53,7 @@ def test_reimport_under_same_name_replaces(store, lora_factory, tmp_path):
 
 def test_import_over_budget_is_refused_and_changes_nothing(store, lora_factory, tmp_path):
     one = policy.import_lora(store, cfg_with(tmp_path), lora_factory(seed=1), "a", base="tiny")
-    cfg = cfg_with(tmp_path, f'[pool]\nbudget = "{one["bytes"] + 100}B"\n')
+    cfg = cfg_with(tmp_path, f'[pool]\nbudget = "{one["bytes"] + 100}B"\non_no_merge = "refuse"\n')
     with pytest.raises(BudgetExceeded) as info:
         policy.import_lora(store, cfg, lora_factory(seed=2), "b", base="tiny")
     assert "over" in str(info.value) and "zenedge rm" in str(info.value)
@@ -63,7 +63,7 @@ def test_import_over_budget_is_refused_and_changes_nothing(store, lora_factory, 
 
 
 def test_slot_limit_is_enforced(store, lora_factory, tmp_path):
-    cfg = cfg_with(tmp_path, "[pool]\nmax_adapters = 2\n")
+    cfg = cfg_with(tmp_path, '[pool]\nmax_adapters = 2\non_no_merge = "refuse"\n')
     for i in range(2):
         policy.import_lora(store, cfg, lora_factory(seed=i), f"p{i}", base="tiny")
     with pytest.raises(BudgetExceeded, match="max_adapters"):

@@ -102,7 +102,7 @@ def _check_space(store: Store, cfg: Config, manifest: Manifest) -> None:
     if manifest.size + DISK_MARGIN > free_disk:
         raise BudgetExceeded(f"{manifest.name!r} needs {format_size(manifest.size)} but the disk has "
                              f"{format_size(free_disk)} free", hint="free some disk space")
-    policy.check_admission(store, cfg, manifest.name, manifest.size)
+    policy.check_admission(store, cfg, manifest.name, manifest.size, manifest.kind)
 
 
 def pull(store: Store, cfg: Config, reference: str, *, progress: Progress | None = None) -> dict[str, Any]:

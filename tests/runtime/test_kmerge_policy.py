@@ -1,0 +1,143 @@
+"""K-Merge under pressure, end to end on the tiny model: similarity, OPCM, the gate, routing."""
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import tiny_module_shapes, write_lora_dir
+from zenedge import config, policy
+from zenedge.errors import BudgetExceeded
+from zenedge.quality import retention
+from zenedge.runtime.engine import Engine, Prompt
+from zenedge.runtime.generate import SamplingParams
+
+
+def set_config(tmp_path, text, pinned=()):
+    path = tmp_path / "config" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'[runtime]\ndevice = "cpu"\ndtype = "float32"\npinned = {json.dumps(list(pinned))}\n' + text)
+    return config.load(path)
+
+
+@pytest.fixture
+def make_profile(tmp_path, tiny_base_dir, store):
+    """A LoRA dir plus an eval set made of that adapter's own greedy answers (so it has a gain)."""
+    shapes = tiny_module_shapes(tiny_base_dir)
+    cfg = set_config(tmp_path, "")
+
+    def make(name, seed, *, like=None, noise=0.0, with_eval=True):
+        path = tmp_path / f"src-{name}"
+        write_lora_dir(path, shapes, seed=seed, rank=4, scale=0.3)
+        if like is not None:  # a near-copy of another profile: same factors plus a little noise
+            from safetensors.torch import load_file, save_file
+
+            tensors = load_file(like / "adapter_model.safetensors")
+            g = torch.Generator().manual_seed(seed)
+            save_file({k: v + noise * torch.randn(v.shape, generator=g) for k, v in tensors.items()},
+                      str(path / "adapter_model.safetensors"))
+        if not with_eval:
+            return path, None
+        scratch = Engine(store, cfg)
+        resident = scratch.resident("tiny")
+        from zenedge.adapters.lora_tensors import read_lora_factors
+        from zenedge.runtime.variants import Variant
+
+        variant = Variant(name, "lora", read_lora_factors(path / "adapter_model.safetensors",
+                                                          json.loads((path / "adapter_config.json").read_text())))
+        rows = []
+        from zenedge.runtime.generate import GenerationRequest, generate
+
+        for i in range(12):
+            ids = Prompt(messages=[{"role": "user", "content": f"item {i}"}]).encode(resident.tokenizer)
+            text = ""
+            for deltas in generate(resident, [GenerationRequest(ids, variant, SamplingParams(max_tokens=6))]):
+                text += "".join(d.text for d in deltas)
+            rows.append({"prompt": f"item {i}", "answer": text.strip() or "x"})
+        eval_path = tmp_path / f"{name}.jsonl"
+        eval_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path, eval_path
+
+    return make
+
+
+def test_retention_formula():
+    assert retention(3.0, 2.0, 2.0) == 1.0
+    assert retention(3.0, 2.0, 2.5) == 0.5
+    assert retention(3.0, 2.0, 3.5) == -0.5
+    assert retention(3.0, 3.0, 3.0) == 1.0      # no gain to keep: fine if not worse
+    assert retention(3.0, 3.0, 3.6) == 0.0
+
+
+def test_similar_adapter_is_merged_and_both_names_route_to_it(store, tmp_path, make_profile):
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.02)
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    assert result["action"] == "merged" and result["merged_with"] == ["alpha"]
+    assert store.resolve("alpha")["id"] == store.resolve("beta")["id"] == result["adapter_id"]
+    merged = store.adapter(result["adapter_id"])
+    assert merged["kind"] == "merged" and len(merged["state"]["norms"]) == 2 and merged["state"]["lam"] > 0
+    [record] = store.merges()
+    assert set(record["retention"]) == {"alpha", "beta"} and min(record["retention"].values()) >= 0.5
+    assert store.name("alpha")["quality"]["own_loss"] < store.name("alpha")["quality"]["base_loss"]
+    assert store.check(budget=cfg.budget) == []
+    # The merged adapter serves both names through the runtime.
+    engine = Engine(store, cfg)
+    assert engine.complete("alpha", Prompt(messages=[{"role": "user", "content": "hi"}]),
+                           SamplingParams(max_tokens=4)).model == "alpha"
+
+
+def test_a_third_arrival_continues_the_opcm_state(store, tmp_path, make_profile):
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.02)
+    c_dir, c_eval = make_profile("gamma", 3, like=a_dir, noise=0.02)
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 4000}B"\nquality_threshold = 0.3\n')
+    for name, d, e in [("alpha", a_dir, a_eval), ("beta", b_dir, b_eval), ("gamma", c_dir, c_eval)]:
+        policy.import_lora(store, cfg, d, name, base="tiny", eval_path=e)
+    [adapter] = store.adapters()
+    assert adapter["kind"] == "merged" and len(adapter["state"]["norms"]) == 3
+    assert sorted(store.names_of(adapter["id"])) == ["alpha", "beta", "gamma"]
+
+
+def test_when_the_gate_fails_the_policy_evicts_or_refuses(store, tmp_path, make_profile):
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 7)  # unrelated
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    budget = f'budget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.99\n'
+    refuse = set_config(tmp_path, f'[pool]\n{budget}on_no_merge = "refuse"\n')
+    policy.import_lora(store, refuse, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    with pytest.raises(BudgetExceeded, match="best merge kept"):
+        policy.import_lora(store, refuse, b_dir, "beta", base="tiny", eval_path=b_eval)
+    assert [n["name"] for n in store.names()] == ["alpha"] and store.merges() == []
+    evict = set_config(tmp_path, f"[pool]\n{budget}")
+    result = policy.import_lora(store, evict, b_dir, "beta", base="tiny", eval_path=b_eval)
+    assert result["action"] == "evicted" and result["evicted"] == ["alpha"]
+    assert [n["name"] for n in store.names()] == ["beta"]
+    assert store.check(budget=evict.budget) == []
+
+
+def test_pinned_adapters_are_never_merged(store, tmp_path, make_profile):
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.02)
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.1\n',
+                     pinned=["alpha"])
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    with pytest.raises(BudgetExceeded):
+        policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    assert store.resolve("alpha")["kind"] == "lora" and store.merges() == []
+
+
+def test_adapters_without_eval_sets_use_the_data_free_proxy(store, tmp_path, make_profile):
+    a_dir, _ = make_profile("alpha", 1, with_eval=False)
+    b_dir, _ = make_profile("beta", 2, like=a_dir, noise=0.01, with_eval=False)
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6)}B"\nquality_threshold = 0.5\n')
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny")
+    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny")
+    assert result["action"] == "merged"
+    assert all(0.5 <= r <= 1.0 for r in store.merges()[0]["retention"].values())

@@ -1,0 +1,139 @@
+"""K-Merge in the pool: when a new LoRA does not fit, merge it into the most similar stored
+adapter with low-rank OPCM (continuing that adapter's stored OPCM state), keep the merge only if
+every member keeps at least `pool.quality_threshold` of its gain, else try the next candidate.
+
+Similarity is K-Merge's (mean cosine of B·A over shared modules, in low rank). Pinned adapters
+are never merged (the user asked for them exactly as they are).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zenedge.adapters.lora_tensors import read_lora_factors, write_peft_adapter
+from zenedge.config import Config
+from zenedge.merge import LowRankOPCMState, LoraFactors, lowrank_opcm_init, lowrank_opcm_step, rank_by_similarity
+from zenedge.quality import Measurement, QualityGate
+from zenedge.runtime.model import ResidentModel
+from zenedge.runtime.variants import Variant
+from zenedge.store import Store
+
+MERGEABLE = ("lora", "merged")
+OPCM_ALPHA = 0.5
+
+
+@dataclass
+class Incoming:
+    """The adapter asking for a place: its factors, its name, its eval set."""
+
+    name: str
+    factors: dict[str, LoraFactors]
+    eval_path: Path | None
+    quality: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Attempt:
+    candidate_id: str
+    members: list[str]
+    similarity: float
+    measurements: list[Measurement]
+    threshold: float
+    state: LowRankOPCMState | None = None
+    qualities: dict[str, dict[str, Any]] = field(default_factory=dict)  # anchors measured on the way
+
+    @property
+    def min_retention(self) -> float:
+        return min((m.retention for m in self.measurements), default=0.0)
+
+    @property
+    def accepted(self) -> bool:
+        return self.min_retention >= self.threshold
+
+    def summary(self) -> dict[str, Any]:
+        return {"candidate": self.candidate_id[:12], "members": self.members, "similarity": round(self.similarity, 4),
+                "retention": {m.name: round(m.retention, 4) for m in self.measurements},
+                "accepted": self.accepted}
+
+
+def rank_cap(cfg: Config, *adapters: dict[str, LoraFactors]) -> int:
+    setting = cfg.get("pool", "merge_rank")
+    if setting == "member":
+        return max(f.rank for a in adapters for f in a.values())
+    return int(setting)
+
+
+class PoolMerger:
+    def __init__(self, store: Store, cfg: Config, resident: ResidentModel):
+        self.store = store
+        self.cfg = cfg
+        self.resident = resident
+        self.gate = QualityGate(resident)
+
+    def factors(self, adapter: dict[str, Any]) -> dict[str, LoraFactors]:
+        return read_lora_factors(self.store.blob_path(adapter["sha256"]), adapter["config"], dtype=torch.float32)
+
+    def variant(self, key: str, factors: dict[str, LoraFactors]) -> Variant:
+        device, dtype = self.resident.device, self.resident.dtype
+        modules = {m: LoraFactors(f.A.to(device, dtype), f.B.to(device, dtype), f.scale) for m, f in factors.items()}
+        return Variant(key, "merged", modules)
+
+    def candidates(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
+        """Stored LoRA/merged adapters of `base`, most similar first (pinned ones excluded)."""
+        pinned = {self.store.name(n)["adapter_id"] for n in self.cfg.get("runtime", "pinned") if self.store.name(n)}
+        rows = {a["id"]: a for a in self.store.adapters()
+                if a["kind"] in MERGEABLE and a["base"] == base and not a["pinned"] and a["id"] not in pinned}
+        pool = {key: self.factors(row) for key, row in rows.items()}
+        return [(rows[key], sim) for key, sim in rank_by_similarity(incoming.factors, pool)]
+
+    def _eval_path(self, name_row: dict[str, Any]) -> Path | None:
+        return self.store.blob_path(name_row["eval_blob"]) if name_row.get("eval_blob") else None
+
+    def attempt(self, candidate: dict[str, Any], similarity: float, incoming: Incoming) -> Attempt:
+        """Merge `incoming` into `candidate` (not stored yet) and measure every member."""
+        stored = self.factors(candidate)
+        cap = rank_cap(self.cfg, stored, incoming.factors)
+        previous = candidate.get("state") or {}
+        if candidate["kind"] == "merged" and "lam" in previous:
+            state = LowRankOPCMState(merged=stored, lam=float(previous["lam"]), norms=tuple(previous["norms"]))
+        else:
+            state = lowrank_opcm_init(stored, cap)
+        state = lowrank_opcm_step(state, incoming.factors, OPCM_ALPHA, cap)
+        merged = self.variant("candidate-merge", state.merged)
+        current = self.variant(candidate["id"], stored) if candidate["kind"] == "lora" else None
+        attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.get("pool", "quality_threshold"), state)
+        for name in self.store.names_of(candidate["id"]):
+            row = self.store.name(name)
+            eval_path = self._eval_path(row)
+            quality = row.get("quality") or {}
+            if eval_path is not None and "own_loss" not in quality and current is not None:
+                quality = self.gate.anchors(current, eval_path)
+                attempt.qualities[name] = quality
+            serving = current or self.variant(candidate["id"], stored)
+            attempt.members.append(name)
+            attempt.measurements.append(self.gate.measure(name, quality, eval_path, merged, serving))
+        if incoming.eval_path is not None and "own_loss" not in incoming.quality:
+            incoming.quality = self.gate.anchors(self.variant("incoming", incoming.factors), incoming.eval_path)
+        attempt.qualities[incoming.name] = incoming.quality
+        attempt.members.append(incoming.name)
+        attempt.measurements.append(self.gate.measure(incoming.name, incoming.quality, incoming.eval_path, merged,
+                                                      self.variant("incoming", incoming.factors)))
+        return attempt
+
+    def write(self, attempt: Attempt, base: str, directory: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+        """The accepted merge as a PEFT directory, its config, and the OPCM state to store with it."""
+        config = write_peft_adapter(attempt.state.merged, directory, base_model=base)
+        state = {"method": "opcm", "alpha": OPCM_ALPHA, "lam": attempt.state.lam, "norms": list(attempt.state.norms),
+                 "members": attempt.members, "energy_kept": attempt.state.truncation.energy_kept_overall,
+                 "rank": config["r"]}
+        return directory / "adapter_model.safetensors", config, state
+
+
+def finite(value: float) -> float:
+    return value if math.isfinite(value) else 0.0
