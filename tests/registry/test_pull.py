@@ -45,7 +45,7 @@ class FaultyHandler(RangeRequestHandler):
                 "shorter": lambda d: d[:-10]}[kind](data)
         self.send_response(200)
         length = {"wrong-length": len(data) + 5, "shorter": len(data)}.get(kind, len(body))
-        self.close_connection = kind == "shorter"  # promise everything, send less, hang up
+        self.close_connection = kind in ("shorter", "wrong-length")  # promise more than sent, hang up
         self.send_header("Content-Length", str(length))
         self.end_headers()
         import io
