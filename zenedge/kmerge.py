@@ -137,3 +137,65 @@ class PoolMerger:
 
 def finite(value: float) -> float:
     return value if math.isfinite(value) else 0.0
+
+
+def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, force: bool = False,
+                 engine=None) -> dict[str, Any]:
+    """`zenedge merge A B --method M`: merge the adapters serving `names` by hand, gate reported
+    (and enforced unless `force`), the result serving every member's name."""
+    import json as _json
+
+    from zenedge import policy
+    from zenedge.errors import InvalidInput, MergeRejected
+    from zenedge.merge import merge as run_method
+    from zenedge.store import NewAdapter, NewName
+
+    rows = {store.resolve(n)["id"]: store.resolve(n) for n in names}
+    for row in rows.values():
+        if row["kind"] not in MERGEABLE:
+            raise InvalidInput(f"{row['kind']} adapters cannot be merged by hand (only LoRA and merged ones)")
+    bases = {row["base"] for row in rows.values()}
+    if len(bases) != 1:
+        raise InvalidInput("the adapters belong to different bases")
+    base = bases.pop()
+    merger = PoolMerger(store, cfg, policy._resident(store, cfg, base, engine))
+    adapters = [merger.factors(row) for row in rows.values()]
+    cap = rank_cap(cfg, *adapters)
+    result = run_method(method, adapters, max_rank=cap)
+    merged_variant = merger.variant("manual-merge", result.adapter)
+    members, measurements, qualities = [], [], {}
+    gate = merger.gate
+    for adapter_id, factors in zip(rows, adapters):
+        own = merger.variant(adapter_id, factors)
+        for name in store.names_of(adapter_id):
+            row = store.name(name)
+            eval_path = merger._eval_path(row)
+            quality = row.get("quality") or {}
+            if eval_path is not None and "own_loss" not in quality and rows[adapter_id]["kind"] == "lora":
+                quality = qualities[name] = gate.anchors(own, eval_path)
+            members.append(name)
+            measurements.append(gate.measure(name, quality, eval_path, merged_variant, own))
+    retention = {m.name: round(m.retention, 4) for m in measurements}
+    threshold = cfg.get("pool", "quality_threshold")
+    if min(retention.values()) < threshold and not force:
+        raise MergeRejected(f"{method} merge keeps {retention}, below pool.quality_threshold {threshold}; "
+                            "nothing was changed", hint="use --force to keep it anyway")
+    with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
+        config = write_peft_adapter(result.adapter, Path(work), base_model=base)
+        merged = NewAdapter(kind="merged", base=base, weights=Path(work) / "adapter_model.safetensors",
+                            rank=config["r"], target_modules=sorted(result.adapter), config=config,
+                            state={"method": method, "members": members,
+                                   "energy_kept": result.truncation.energy_kept_overall, **_json_safe(result.details)},
+                            origin={"source": "merge", "members": members, "method": method})
+        entries = [NewName(name=n, quality=qualities.get(n) or (store.name(n) or {}).get("quality") or {})
+                   for n in members]
+        adapter_id = store.put_adapter(merged, entries, budget=max(cfg.budget, store.used_bytes()),
+                                       replaces=list(rows), event="merge",
+                                       merge={"members": _json.dumps(members), "method": method,
+                                              "similarity": None, "retention": _json.dumps(retention)})
+    return {"adapter_id": adapter_id, "members": members, "method": method, "retention": retention,
+            "energy_kept": result.truncation.energy_kept_overall, "bytes": store.adapter(adapter_id)["bytes"]}
+
+
+def _json_safe(details: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in details.items() if isinstance(v, (int, float, str, bool, list))}

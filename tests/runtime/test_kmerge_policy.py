@@ -141,3 +141,60 @@ def test_adapters_without_eval_sets_use_the_data_free_proxy(store, tmp_path, mak
     result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny")
     assert result["action"] == "merged"
     assert all(0.5 <= r <= 1.0 for r in store.merges()[0]["retention"].values())
+
+
+def test_maintain_merges_before_evicting_after_a_budget_edit(store, tmp_path, make_profile):
+    from zenedge.maintenance import maintain
+
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.02)
+    roomy = set_config(tmp_path, '[pool]\nquality_threshold = 0.5\n')
+    policy.import_lora(store, roomy, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    policy.import_lora(store, roomy, b_dir, "beta", base="tiny", eval_path=b_eval)
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    tight = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
+    report = maintain(store, tight)
+    assert len(report["merged"]) == 1 and report["evicted"] == [] and report["problems"] == []
+    assert store.resolve("alpha")["id"] == store.resolve("beta")["id"]
+
+
+def test_maintain_removes_adapters_whose_blob_is_corrupt(store, tmp_path, make_profile):
+    from zenedge.maintenance import maintain
+
+    a_dir, _ = make_profile("alpha", 1, with_eval=False)
+    cfg = set_config(tmp_path, "")
+    result = policy.import_lora(store, cfg, a_dir, "alpha", base="tiny")
+    path = store.blob_path(result["adapter_id"])
+    data = path.read_bytes()
+    path.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    report = maintain(store, cfg)
+    assert report["removed_corrupt"] == ["alpha"] and store.names() == [] and report["problems"] == []
+
+
+@pytest.mark.parametrize("method", ["ties", "kmerge-linear", "svd-soup", "opcm"])
+def test_merge_by_hand_serves_every_member(store, tmp_path, make_profile, method):
+    from zenedge.kmerge import manual_merge
+
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.05)
+    cfg = set_config(tmp_path, "")
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    result = manual_merge(store, cfg, ["alpha", "beta"], method, force=True)
+    assert set(result["retention"]) == {"alpha", "beta"}
+    assert store.resolve("alpha")["id"] == store.resolve("beta")["id"] == result["adapter_id"]
+    assert store.usage().adapters == 1 and store.check() == []
+
+
+def test_merge_by_hand_below_threshold_changes_nothing(store, tmp_path, make_profile):
+    from zenedge.errors import MergeRejected
+    from zenedge.kmerge import manual_merge
+
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 9)
+    cfg = set_config(tmp_path, "[pool]\nquality_threshold = 1.0\n")
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    with pytest.raises(MergeRejected, match="nothing was changed"):
+        manual_merge(store, cfg, ["alpha", "beta"], "opcm")
+    assert store.usage().adapters == 2 and store.merges() == []

@@ -145,6 +145,21 @@ def check_cmd(deep: bool, json_out: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+@pool.command("maintain")
+@json_option
+def maintain_cmd(json_out: bool) -> None:
+    """Reconcile, verify blobs, and bring the pool under the configured budget (merging first)."""
+    from zenedge.maintenance import maintain
+
+    report = maintain(open_store(), load_config())
+    if json_out:
+        return print_json(report)
+    click.echo(f"merged: {len(report['merged'])}, evicted: {', '.join(report['evicted']) or 'none'}, "
+               f"removed (corrupt): {', '.join(report['removed_corrupt']) or 'none'}")
+    for problem in report["problems"]:
+        click.echo(f"problem: {problem}")
+
+
 @pool.command("gc")
 @json_option
 def gc_cmd(json_out: bool) -> None:

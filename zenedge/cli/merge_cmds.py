@@ -1,0 +1,29 @@
+"""`zenedge merge A B --method …`: merge profiles by hand (the gate is reported and enforced)."""
+
+from __future__ import annotations
+
+import click
+
+from zenedge.cli.context import load_config, open_store
+from zenedge.cli.output import json_option, print_json
+from zenedge.sizes import format_size
+
+METHODS = ["opcm", "opcm-dense", "kmerge-linear", "ties", "dare", "dare-ties", "monosoup", "svd-soup"]
+
+
+@click.command("merge")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--method", type=click.Choice(METHODS), default="opcm", show_default=True,
+              help="monosoup edits one adapter; the others merge two or more.")
+@click.option("--force", is_flag=True, help="Keep the merge even if a member falls below pool.quality_threshold.")
+@json_option
+def merge(names: tuple[str, ...], method: str, force: bool, json_out: bool) -> None:
+    """Merge the adapters serving NAMES into one that serves them all."""
+    from zenedge.kmerge import manual_merge
+
+    result = manual_merge(open_store(), load_config(), list(names), method, force=force)
+    if json_out:
+        return print_json(result)
+    kept = ", ".join(f"{n} {r:.2f}" for n, r in result["retention"].items())
+    click.echo(f"merged {', '.join(result['members'])} with {method} ({format_size(result['bytes'])}); "
+               f"retention: {kept}")

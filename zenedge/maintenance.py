@@ -1,0 +1,90 @@
+"""`zenedge pool maintain`: what the daemon's background loop runs, and what a user runs after
+editing the config by hand.
+
+1. Reconcile: remove crash leftovers (tmp files, orphan blobs).
+2. Verify: re-hash every blob; an adapter whose blob is missing or corrupt cannot be served, so it
+   is removed (its names are reported: `zenedge pull NAME` brings them back).
+3. Enforce the budget and slot limit after a config change, merging before evicting: the least
+   requested single-profile LoRA is merged into its most similar stored adapter when the quality
+   gate passes; what still does not fit is evicted by request-rate-weighted LRU (never pinned).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from zenedge.config import Config
+from zenedge.store import NewAdapter, NewName, Store
+
+
+def maintain(store: Store, cfg: Config, engine=None, *, verify: bool = True) -> dict[str, Any]:
+    report: dict[str, Any] = {"reconciled": store.reconcile(blocking=True), "removed_corrupt": [],
+                              "merged": [], "evicted": []}
+    with store.writing():
+        if verify:
+            report["removed_corrupt"] = _remove_corrupt(store)
+        report["merged"] = _merge_until_it_fits(store, cfg, engine)
+        from zenedge import policy
+
+        plan = policy.enforce_budget(store, cfg)
+        report["evicted"] = plan.names
+        over_slots = store.usage().adapters - cfg.get("pool", "max_adapters")
+        if over_slots > 0:
+            victims = [a["id"] for a in store.eviction_order(pinned_names=cfg.get("runtime", "pinned"))[:over_slots]]
+            report["evicted"] += store.evict(victims, reason="over pool.max_adapters")
+    report["problems"] = store.check(budget=cfg.budget)
+    return report
+
+
+def _remove_corrupt(store: Store) -> list[str]:
+    broken = [a["id"] for a in store.adapters()
+              if not store.blobs.has(a["sha256"]) or not store.blobs.verify(a["sha256"])]
+    return store.evict(broken, reason="blob missing or corrupt") if broken else []
+
+
+def _over(store: Store, cfg: Config) -> bool:
+    return store.used_bytes() > cfg.budget or store.usage().adapters > cfg.get("pool", "max_adapters")
+
+
+def _merge_until_it_fits(store: Store, cfg: Config, engine) -> list[dict[str, Any]]:
+    from zenedge import policy
+    from zenedge.kmerge import Incoming, PoolMerger
+
+    merges: list[dict[str, Any]] = []
+    tried: set[str] = set()
+    while _over(store, cfg):
+        order = [a for a in store.eviction_order(pinned_names=cfg.get("runtime", "pinned"))
+                 if a["kind"] == "lora" and a["id"] not in tried and len(store.names_of(a["id"])) == 1]
+        if not order:
+            break
+        source = order[0]
+        tried.add(source["id"])
+        [name] = store.names_of(source["id"])
+        merger = PoolMerger(store, cfg, policy._resident(store, cfg, source["base"], engine))
+        row = store.name(name)
+        eval_path = store.blob_path(row["eval_blob"]) if row.get("eval_blob") else None
+        incoming = Incoming(name, merger.factors(source), eval_path, dict(row.get("quality") or {}))
+        for candidate, similarity in merger.candidates(incoming, source["base"]):
+            if candidate["id"] == source["id"]:
+                continue
+            attempt = merger.attempt(candidate, similarity, incoming)
+            if not attempt.accepted:
+                continue
+            with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
+                weights, config, state = merger.write(attempt, source["base"], Path(work))
+                merged = NewAdapter(kind="merged", base=source["base"], weights=weights, rank=config["r"],
+                                    target_modules=sorted(attempt.state.merged), config=config, state=state,
+                                    origin={"source": "maintain", "members": attempt.members})
+                names = [NewName(name=n, quality=attempt.qualities.get(n) or (store.name(n) or {}).get("quality") or {})
+                         for n in attempt.members]
+                store.put_adapter(merged, names, budget=max(cfg.budget, store.used_bytes()),
+                                  replaces=[candidate["id"], source["id"]], event="merge",
+                                  merge={"members": json.dumps(attempt.members), "method": "opcm",
+                                         "similarity": similarity,
+                                         "retention": json.dumps(attempt.summary()["retention"])})
+            merges.append(attempt.summary())
+            break
+    return merges
