@@ -70,22 +70,29 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
                     eval_path: Path | None = None, version: str = "", description: str = "",
                     origin: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate a BitDelta file (format, shapes against the base, base hash) and store it."""
-    from zenedge.bitdelta.format import load_bitdelta
+    from zenedge.bitdelta.fileformat import load_bitdelta
 
     check_name(name, "profile name")
     base_row = resolve_base(store, base)
+    if Path(path).suffix.lower() in {".bin", ".pt", ".pth", ".pkl", ".ckpt"}:
+        raise InvalidAdapter(f"{Path(path).name}: pickle files are refused; BitDelta files are safetensors")
     try:
         delta = load_bitdelta(Path(path))
     except (ValueError, OSError) as exc:
         raise InvalidAdapter(f"{Path(path).name}: {exc}") from None
+    if delta.extra:
+        raise InvalidAdapter(f"{Path(path).name}: changes non-projection tensors ({', '.join(sorted(delta.extra)[:3])}), "
+                             "which cannot be applied per request; fine-tune projections only")
     modules = base_row["modules"]
-    for module, entry in delta.modules.items():
+    for module, (packed, _, in_features) in delta.modules.items():
         shape = modules.get(module)
-        if shape is None or shape[0] != entry.packed.shape[0] or shape[1] != entry.in_features:
-            raise InvalidAdapter(f"{Path(path).name}: module {module!r} does not match the base {base_row['name']!r}")
-    expected = delta.metadata.get("base_sha256")
-    if expected and expected != base_row["sha256"] and expected != base_row.get("weights_sha256"):
-        raise InvalidAdapter(f"{Path(path).name}: made for a different base (sha256 {expected[:12]}…)")
+        if shape is None or shape[0] != packed.shape[0] or shape[1] != in_features:
+            raise InvalidAdapter(f"{Path(path).name}: module {module!r} does not match the base {base_row['name']!r}; "
+                                 "the delta was made for another model")
+    expected = delta.base_sha256
+    if expected and expected != base_row["sha256"]:
+        raise InvalidAdapter(f"{Path(path).name}: made for a different base (sha256 {expected[:12]}…, "
+                             f"{base_row['name']!r} is {base_row['sha256'][:12]}…)")
     adapter = NewAdapter(
         kind="bitdelta", base=base_row["name"], weights=Path(path), rank=0,
         target_modules=sorted(delta.modules), config={k: v for k, v in delta.metadata.items()},

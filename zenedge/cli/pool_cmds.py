@@ -57,11 +57,12 @@ def list_cmd(json_out: bool) -> None:
               help="Eval set (JSONL of prompt/answer) for the quality gate.")
 @json_option
 def import_cmd(path: Path, name: str, base: str | None, eval_set: Path | None, json_out: bool) -> None:
-    """Import a PEFT LoRA directory (adapter_config.json + adapter_model.safetensors)."""
+    """Import a PEFT LoRA directory, or a .bitdelta file made by `zenedge compress`."""
     from zenedge import policy
 
     cfg = load_config()
-    result = policy.import_lora(open_store(), cfg, path, name, base=base, eval_path=eval_set)
+    importer = policy.import_lora if path.is_dir() or not path.exists() else policy.import_bitdelta
+    result = importer(open_store(), cfg, path, name, base=base, eval_path=eval_set)
     if json_out:
         return print_json(result)
     click.echo(f"imported {result['name']} ({result['kind']}, {format_size(result['bytes'])})")

@@ -7,12 +7,13 @@ variant holds, per module, the packed signs uint8[out, ceil(in/8)] and α[out].
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from zenedge.adapters.lora_tensors import read_lora_factors
+from zenedge.errors import InvalidAdapter
 from zenedge.merge.factors import LoraFactors
 
 
@@ -32,7 +33,6 @@ class Variant:
     kind: str                      # "lora" | "merged" | "bitdelta"
     modules: dict[str, LoraFactors | BitDeltaModule]
     nbytes: int = 0
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def is_bitdelta(self) -> bool:
@@ -48,16 +48,18 @@ def load_lora(key: str, kind: str, weights: Path, config: dict, device: torch.de
 
 
 def load_bitdelta(key: str, weights: Path, device: torch.device) -> Variant:
-    from zenedge.bitdelta.format import load_bitdelta as read_file
+    from zenedge.bitdelta.fileformat import load_bitdelta as read_file
 
     data = read_file(weights)
+    if data.extra:
+        # Per-row serving swaps linears only; a changed norm or embedding would be silently lost.
+        raise InvalidAdapter(f"BitDelta file changes non-projection tensors ({', '.join(sorted(data.extra)[:3])}…), "
+                             "which zenedge cannot apply per request")
     modules: dict[str, LoraFactors | BitDeltaModule] = {}
     nbytes = 0
-    for module, entry in data.modules.items():
-        packed = entry.packed.to(device).contiguous()
-        alpha = entry.alpha.to(device=device, dtype=torch.float32).contiguous()
-        modules[module] = BitDeltaModule(packed, alpha, entry.in_features)
+    for module, (packed, alpha, in_features) in data.modules.items():
+        packed = packed.to(device).contiguous()
+        alpha = alpha.to(device=device, dtype=torch.float32).contiguous()
+        modules[module] = BitDeltaModule(packed, alpha, in_features)
         nbytes += packed.numel() + alpha.numel() * 4
-    extra = {name: t.to(device) for name, t in data.extra.items()}
-    nbytes += sum(t.numel() * t.element_size() for t in extra.values())
-    return Variant(key, "bitdelta", modules, nbytes, extra)
+    return Variant(key, "bitdelta", modules, nbytes)
