@@ -1,0 +1,129 @@
+"""`zenedge export`: the pool as files that multi-adapter engines serve (vLLM `--enable-lora`,
+LoRAX, Ray Serve LLM all take one PEFT directory per adapter).
+
+- LoRA and merged adapters → one PEFT directory per stored adapter, named after its first
+  profile; the other profiles it serves are aliases in the export manifest.
+- BitDelta variants → `hf-merged`: a full Hugging Face model directory with W_base + α⊙sign(Δ)
+  (the base's config and tokenizer), or `--bitdelta-as lora`: a rank-r LoRA approximation by
+  truncated SVD of α⊙S, with its relative error reported.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from zenedge.errors import InvalidInput
+from zenedge.store import Store
+
+MANIFEST = "zenedge-export.json"
+
+
+def hub_id(store: Store, base: str) -> str:
+    """The name engines know the base by: its Hugging Face repo id alias when it has one."""
+    row = store.base(base) or {}
+    return next((a for a in row.get("aliases", []) if "/" in a), base)
+
+
+def _peft_dir(store: Store, adapter: dict[str, Any], dest: Path, base_id: str) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    config = dict(adapter["config"])
+    config["base_model_name_or_path"] = base_id
+    config.setdefault("task_type", "CAUSAL_LM")
+    (dest / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    shutil.copyfile(store.blob_path(adapter["sha256"]), dest / "adapter_model.safetensors")
+
+
+def _bitdelta_merged(store: Store, adapter: dict[str, Any], dest: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from zenedge.bitdelta import decompress, load_bitdelta
+
+    base = store.base(adapter["base"])
+    base_dir = store.home / base["dir"]
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in base_dir.iterdir():
+        if item.is_file() and not item.name.endswith(".safetensors"):
+            shutil.copyfile(item, dest / item.name)
+    delta = load_bitdelta(store.blob_path(adapter["sha256"]))
+    for weights in sorted(base_dir.glob("*.safetensors")):
+        tensors = load_file(weights)
+        for module, (packed, alpha, in_features) in delta.modules.items():
+            key = f"{module}.weight"
+            if key in tensors:  # W_base + α⊙S, in fp32 then back to the checkpoint's dtype
+                w = tensors[key]
+                tensors[key] = (w.float() + decompress(packed, alpha, in_features)).to(w.dtype).contiguous()
+        save_file(tensors, str(dest / weights.name), metadata={"format": "pt"})
+        del tensors
+
+
+def _bitdelta_lora(store: Store, adapter: dict[str, Any], dest: Path, rank: int, base_id: str) -> float:
+    """Truncated SVD of α⊙S per module as a PEFT LoRA; returns the overall relative error."""
+    import torch
+
+    from zenedge.adapters.lora_tensors import write_peft_adapter
+    from zenedge.bitdelta import decompress, load_bitdelta
+    from zenedge.merge import LoraFactors
+
+    delta = load_bitdelta(store.blob_path(adapter["sha256"]))
+    factors, err2, total2 = {}, 0.0, 0.0
+    for module, (packed, alpha, in_features) in delta.modules.items():
+        full = decompress(packed, alpha, in_features).double()  # one module at a time
+        U, S, Vh = torch.linalg.svd(full, full_matrices=False)
+        k = min(rank, S.numel())
+        root = S[:k].sqrt()
+        factors[module] = LoraFactors((root[:, None] * Vh[:k]).float(), (U[:, :k] * root).float())
+        err2 += float(S[k:].square().sum())
+        total2 += float(S.square().sum())
+    write_peft_adapter(factors, dest, base_model=base_id)
+    return (err2 / total2) ** 0.5 if total2 else 0.0
+
+
+def export(store: Store, dest: Path, names: list[str] | None = None, *, bitdelta_as: str = "hf-merged",
+           rank: int = 64) -> dict[str, Any]:
+    if bitdelta_as not in ("hf-merged", "lora"):
+        raise InvalidInput("--bitdelta-as must be hf-merged or lora")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    wanted = names or [row["name"] for row in store.names()]
+    by_adapter: dict[str, list[str]] = {}
+    for name in wanted:
+        by_adapter.setdefault(store.resolve(name)["id"], []).append(name)
+    entries = []
+    for adapter_id, served in by_adapter.items():
+        adapter = store.adapter(adapter_id)
+        members = store.names_of(adapter_id)
+        folder = served[0]
+        base_id = hub_id(store, adapter["base"])
+        entry: dict[str, Any] = {"dir": folder, "kind": adapter["kind"], "base": adapter["base"],
+                                 "base_model": base_id, "serves": members}
+        if adapter["kind"] in ("lora", "merged"):
+            _peft_dir(store, adapter, dest / folder, base_id)
+            entry["format"], entry["rank"] = "peft", adapter["rank"]
+        elif bitdelta_as == "lora":
+            entry["format"], entry["rank"] = "peft", rank
+            entry["relative_error"] = _bitdelta_lora(store, adapter, dest / folder, rank, base_id)
+            entry["note"] = f"rank-{rank} SVD approximation of the 1-bit delta"
+        else:
+            _bitdelta_merged(store, adapter, dest / folder)
+            entry["format"] = "hf-merged"
+        entries.append(entry)
+    manifest = {"format": "zenedge-export/1", "adapters": entries,
+                "aliases": {name: e["dir"] for e in entries for name in e["serves"]},
+                "serve": serve_hints(dest, entries)}
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def serve_hints(dest: Path, entries: list[dict[str, Any]]) -> dict[str, str]:
+    loras = [e for e in entries if e["format"] == "peft"]
+    if not loras:
+        return {}
+    base = loras[0]["base_model"]
+    modules = " ".join(f"{name}={dest.resolve() / e['dir']}" for e in loras for name in e["serves"])
+    needed = max(e["rank"] for e in loras)
+    rank = next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= needed)  # vLLM's allowed values
+    return {"vllm": f"vllm serve {base} --enable-lora --max-loras {len(loras)} --max-lora-rank {rank} "
+                    f"--lora-modules {modules}"}
