@@ -2,7 +2,8 @@
 LoRAX, Ray Serve LLM all take one PEFT directory per adapter).
 
 - LoRA and merged adapters → one PEFT directory per stored adapter, named after its first
-  profile; the other profiles it serves are aliases in the export manifest.
+  profile; every other profile it serves gets a directory name too (a symlink), and the
+  manifest maps profile → directory.
 - BitDelta variants → `hf-merged`: a full Hugging Face model directory with W_base + α⊙sign(Δ)
   (the base's config and tokenizer), or `--bitdelta-as lora`: a rank-r LoRA approximation by
   truncated SVD of α⊙S, with its relative error reported.
@@ -109,6 +110,9 @@ def export(store: Store, dest: Path, names: list[str] | None = None, *, bitdelta
         else:
             _bitdelta_merged(store, adapter, dest / folder)
             entry["format"] = "hf-merged"
+        for alias in members:  # one directory name per profile (Ray Serve addresses adapters by folder)
+            if alias != folder and not (dest / alias).exists():
+                (dest / alias).symlink_to(folder, target_is_directory=True)
         entries.append(entry)
     manifest = {"format": "zenedge-export/1", "adapters": entries,
                 "aliases": {name: e["dir"] for e in entries for name in e["serves"]},
@@ -122,7 +126,7 @@ def serve_hints(dest: Path, entries: list[dict[str, Any]]) -> dict[str, str]:
     if not loras:
         return {}
     base = loras[0]["base_model"]
-    modules = " ".join(f"{name}={dest.resolve() / e['dir']}" for e in loras for name in e["serves"])
+    modules = " ".join(f"{name}={dest.resolve() / name}" for e in loras for name in e["serves"])
     needed = max(e["rank"] for e in loras)
     rank = next(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= needed)  # vLLM's allowed values
     return {"vllm": f"vllm serve {base} --enable-lora --max-loras {len(loras)} --max-lora-rank {rank} "
