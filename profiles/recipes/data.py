@@ -48,11 +48,11 @@ PY_SRC = "Python 3.11 standard library sources"
 
 TASKS: dict[str, Task] = {t.name: t for t in [
     Task("writer", text_tasks.writer, "Explains Python concepts in the prose style of the Python docs",
-         "PSF-2.0", PY_DOCS, "loss", 160),
+         "PSF-2.0", PY_DOCS, "loss", 128),
     Task("manpage", text_tasks.manpage, "Describes a Unix command the way its man page does",
          "various (Debian man pages, each under its package's license)", "/usr/share/man/man1", "loss", 128),
     Task("coder", text_tasks.coder, "Writes a Python function from its signature and docstring",
-         "PSF-2.0", PY_SRC, "loss", 160),
+         "PSF-2.0", PY_SRC, "loss", 144),
     Task("license", text_tasks.license, "Names the SPDX license a snippet of license text comes from",
          "various (each text under its own terms)", "/usr/share/common-licenses, site-packages LICENSE files",
          "exact_match", 144),
@@ -72,7 +72,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
          "CC0-1.0", SYNTHETIC, "exact_match", 96),
     Task("coder-full", text_tasks.coder,
          "Writes a Python function from its signature and docstring (full fine-tune, BitDelta)",
-         "PSF-2.0", PY_SRC, "loss", 160),
+         "PSF-2.0", PY_SRC, "loss", 144),
 ]}
 
 

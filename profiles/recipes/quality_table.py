@@ -72,6 +72,12 @@ def cross_table(quality: dict) -> str:
     return "\n".join(rows)
 
 
+def reproduce_block(cards: dict[str, dict]) -> str:
+    """The exact command each profile was trained with (from its card)."""
+    lines = [card["recipe"]["command"] for card in cards.values()]
+    return "```\n" + "\n".join(lines) + "\n```"
+
+
 def render() -> str:
     cards = _cards()
     quality_path = PROFILES / "quality.json"
@@ -80,6 +86,7 @@ def render() -> str:
         "### Training (this machine: 2 shared CPU cores, bf16 autocast)", training_table(cards),
         "### Quality on each profile's own held-out eval set", quality_table(cards, quality),
         "### Cross evaluation (adapters on related and unrelated eval sets)", cross_table(quality),
+        "### Training commands (from each recipe.json)", reproduce_block(cards),
     ])
 
 
