@@ -11,7 +11,7 @@ import sys
 import click
 
 from zenedge import __version__
-from zenedge.cli import base_cmds, budget_cmds, compress_cmds, export_cmds, merge_cmds, pool_cmds, registry_cmds, run_cmds
+from zenedge.cli import base_cmds, budget_cmds, compress_cmds, doctor_cmds, export_cmds, merge_cmds, pool_cmds, registry_cmds, run_cmds
 from zenedge.cli import serve_cmds
 from zenedge.errors import ZenedgeError
 
@@ -29,6 +29,7 @@ app.add_command(run_cmds.run)
 app.add_command(merge_cmds.merge)
 app.add_command(compress_cmds.compress)
 app.add_command(export_cmds.export)
+app.add_command(doctor_cmds.doctor)
 app.add_command(serve_cmds.serve)
 app.add_command(serve_cmds.ps)
 for command in (registry_cmds.search, registry_cmds.pull, registry_cmds.registry):

@@ -1,0 +1,87 @@
+"""`zenedge doctor`: what this machine and this pool look like, and what to fix first."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import shutil
+import sys
+
+import click
+
+from zenedge.cli.output import json_option, print_json, print_table
+
+
+def _checks() -> list[dict]:
+    from zenedge import config, paths
+    from zenedge.errors import ZenedgeError
+
+    results = []
+
+    def add(name: str, status: str, detail: str) -> None:
+        results.append({"check": name, "status": status, "detail": detail})
+
+    add("python", "ok" if sys.version_info >= (3, 10) else "fail", platform.python_version())
+    try:
+        cfg = config.load(paths.config_path())
+        add("config", "ok", str(cfg.path) + ("" if cfg.path.exists() else " (not created yet: defaults)"))
+    except ZenedgeError as exc:
+        add("config", "fail", str(exc))
+        cfg = None
+    for package in ("torch", "transformers", "peft", "safetensors", "triton", "gguf"):
+        spec = importlib.util.find_spec(package)
+        add(package, "ok" if spec else ("warn" if package == "triton" else "fail"),
+            _version(package) if spec else "not installed")
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        add("device", "ok", f"cuda: {torch.cuda.get_device_name(0)}" if cuda else "cpu (no CUDA device)")
+    except Exception as exc:  # a broken torch install is exactly what doctor is for
+        add("device", "fail", str(exc))
+    from zenedge import bases
+
+    try:
+        add("default base", "ok", str(bases.default_base_gguf()))
+    except ZenedgeError as exc:
+        add("default base", "fail", str(exc))
+    home = paths.home()
+    add("home", "ok", str(home))
+    if home.exists():
+        free = shutil.disk_usage(home).free
+        add("disk", "ok" if free > 2 * 2**30 else "warn", f"{free / 2**30:.1f} GiB free")
+        from zenedge.store import Store
+
+        store = Store(home)
+        problems = store.check(budget=cfg.budget if cfg else None)
+        add("pool", "ok" if not problems else "fail", "consistent" if not problems else "; ".join(problems[:3]))
+    try:
+        from zenedge.registry.sources import embedded_root
+
+        count = len(__import__("json").loads((embedded_root() / "index.json").read_text())["profiles"])
+        add("embedded registry", "ok", f"{count} profiles")
+    except Exception as exc:
+        add("embedded registry", "warn", str(exc))
+    return results
+
+
+def _version(package: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(package)
+    except Exception:
+        return "installed"
+
+
+@click.command("doctor")
+@json_option
+def doctor(json_out: bool) -> None:
+    """Check the installation, the config, the default base and the pool."""
+    results = _checks()
+    if json_out:
+        print_json(results)
+    else:
+        print_table([(r["check"], r["status"], r["detail"]) for r in results], ["CHECK", "STATUS", "DETAIL"])
+    if any(r["status"] == "fail" for r in results):
+        raise click.exceptions.Exit(1)
