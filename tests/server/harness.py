@@ -3,8 +3,10 @@ imported) or as a `zenedge serve` subprocess (signals, exit codes, a second star
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,16 +30,38 @@ max_queue = {max_queue}
 """
 
 
+@contextlib.contextmanager
+def one_torch_thread():
+    """The tiny model gains nothing from intra-op threads, and on a 2-core machine shared with the
+    test process's own threads they cost 10x; restored afterwards for the tests that follow."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def make_home(root: Path, tiny_base_dir: Path, *, profiles=PROFILES, max_queue: int = 64) -> tuple[Path, Path]:
-    """A home with the tiny base registered as `tiny` and a LoRA profile per name; returns (home, config)."""
+    """A home with the tiny base registered as `tiny` (and as `forever`, a copy whose end-of-sequence
+    token is out of its vocabulary, so generations run until max_tokens or cancellation), and a
+    LoRA profile per name; returns (home, config)."""
     from zenedge import bases, config, policy
     from zenedge.store import Store
 
+    root.mkdir(parents=True, exist_ok=True)
     home, config_path = root / "home", root / "config.toml"
     config_path.write_text(CONFIG.format(max_queue=max_queue))
     cfg = config.load(config_path)
     store = Store(home)
     bases.add_hf_dir(store, tiny_base_dir, "tiny")
+    forever = root / "forever-base"
+    shutil.copytree(tiny_base_dir, forever)
+    generation = json.loads((forever / "generation_config.json").read_text())
+    (forever / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": 10**6}))
+    bases.add_hf_dir(store, forever, "forever")
     shapes = tiny_module_shapes(tiny_base_dir)
     for seed, name in enumerate(profiles):
         lora = write_lora_dir(root / f"lora-{name}", shapes, seed=seed + 1, scale=0.3)

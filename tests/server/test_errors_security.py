@@ -1,0 +1,162 @@
+"""Bad requests get the right status and one error shape; only local, authenticated callers get in."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from tests.server.harness import chat_body
+from zenedge.api import discovery
+from zenedge.errors import InvalidInput
+from zenedge.server import security, settings
+
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"])
+    assert "Traceback" not in response.text
+    return body["error"]
+
+
+@pytest.fixture(params=["unix", "tcp"])
+def http(request, daemon):
+    with (daemon.uds() if request.param == "unix" else daemon.tcp()) as client:
+        yield client
+
+
+def test_malformed_json_is_400(http):
+    assert error_of(http.post("/v1/chat/completions", content=b'{"model": "p0", '), 400)["code"] == "invalid_json"
+    # whatever the content type says: every endpoint takes JSON
+    response = http.post("/api/rm", content=b"name=p0", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert error_of(response, 400)["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("body, where", [
+    ({"model": "p0"}, "messages"),
+    ({**chat_body("p0", "hi"), "temperature": 5}, "temperature"),
+    ({**chat_body("p0", "hi"), "n": 2}, "n"),
+    ({**chat_body("p0", "hi"), "max_tokens": 0}, "max_tokens"),
+    ({"model": "p0", "messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+    ({**chat_body("p0", "hi"), "stop": ["a"] * 17}, "stop"),
+])
+def test_schema_violations_are_422_in_the_common_shape(http, body, where):
+    error = error_of(http.post("/v1/chat/completions", json=body), 422)
+    assert error["code"] == "invalid_request" and where in error["message"]
+
+
+def test_native_requests_are_strict(http):
+    error = error_of(http.put("/api/budget", json={"size": "1GiB", "dry_run": True, "typo": 1}), 422)
+    assert "typo" in error["message"]
+
+
+@pytest.mark.parametrize("model", ["ghost", "GPT-4 (turbo)", "../etc"])
+def test_unknown_model_is_404(http, model):
+    assert error_of(http.post("/v1/chat/completions", json=chat_body(model, "hi")), 404)["code"] == "adapter_not_found"
+    assert error_of(http.post("/v1/completions", json={"model": model, "prompt": "x"}), 404)
+
+
+def test_unknown_endpoint_and_method(http):
+    assert error_of(http.get("/v2/nothing"), 404)["code"] == "not_found"
+    assert error_of(http.get("/v1/chat/completions"), 405)["code"] == "method_not_allowed"
+
+
+def test_huge_bodies_are_413(http):
+    huge = chat_body("p0", "x" * (2 << 20))
+    assert error_of(http.post("/v1/chat/completions", json=huge), 413)["code"] == "payload_too_large"
+
+    def chunks():  # no Content-Length: the limit holds on the bytes actually sent
+        for _ in range(40):
+            yield b"x" * 65536
+
+    assert error_of(http.post("/api/rm", content=chunks()), 413)["code"] == "payload_too_large"
+    assert http.get("/health").status_code == 200  # and the daemon is fine
+
+
+def test_tcp_needs_the_token_except_for_health(daemon):
+    with daemon.tcp(token=None) as anonymous, daemon.tcp(token="wrong") as wrong:
+        assert anonymous.get("/health").status_code == 200
+        for client in (anonymous, wrong):
+            response = client.post("/v1/chat/completions", json=chat_body("p0", "hi"))
+            assert error_of(response, 401)["code"] == "unauthorized"
+            assert response.headers["www-authenticate"] == "Bearer"
+            assert error_of(client.get("/api/ps"), 401)
+    with daemon.uds() as local:  # the socket itself is the credential
+        assert local.get("/api/ps").status_code == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:11435", "127.0.0.1.evil.example", "0.0.0.0", "",
+                                  "localhost@evil.example"])
+def test_foreign_host_is_403_on_both_listeners(daemon, host):
+    for client in (daemon.uds(), daemon.tcp()):
+        with client:
+            for path in ("/health", "/v1/models"):
+                assert error_of(client.get(path, headers={"Host": host}), 403)["code"] == "forbidden"
+
+
+@pytest.mark.parametrize("host", ["localhost", "LOCALHOST:8080", "127.0.0.1:11435", "[::1]", "[::1]:1"])
+def test_local_hosts_are_accepted(daemon, host):
+    with daemon.tcp() as client:
+        assert client.get("/v1/models", headers={"Host": host}).status_code == 200
+
+
+def test_cors_only_for_configured_origins(daemon):
+    with daemon.tcp() as client:
+        allowed = client.get("/v1/models", headers={"Origin": "tauri://localhost"})
+        assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "tauri://localhost"
+        assert error_of(client.get("/v1/models", headers={"Origin": "https://evil.example"}), 403)
+    with daemon.tcp(token=None) as anonymous:  # a preflight carries no token
+        preflight = anonymous.options("/v1/chat/completions", headers={
+            "Origin": "http://tauri.localhost", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert preflight.status_code == 204
+        assert "Authorization" in preflight.headers["access-control-allow-headers"]
+        assert preflight.headers["access-control-allow-origin"] == "http://tauri.localhost"
+
+
+def test_socket_is_private(daemon):
+    assert stat.S_IMODE(daemon.socket.stat().st_mode) == 0o600
+    assert stat.S_IMODE(daemon.socket.parent.stat().st_mode) == 0o700
+
+
+def test_host_check_rules():
+    assert security.host_allowed("localhost:1")
+    assert not security.host_allowed(None)
+    assert not security.host_allowed("10.0.0.5:11435")
+    assert security.host_allowed("10.0.0.5:11435", extra={"10.0.0.5"})
+
+
+def test_long_socket_paths_fall_back_to_a_short_private_one(tmp_path):
+    deep = tmp_path / ("d" * 120)
+    choice = discovery.choose_socket("", deep, tmp_path / "home")
+    assert choice.path.parent == discovery.Path("/tmp") / f"zenedge-{os.getuid()}"
+    assert len(os.fsencode(str(choice.path))) <= discovery.SUN_PATH_MAX
+    assert "over the" in choice.note and str(deep) in choice.note
+    # both sides derive the same path from the home; another home gets another one
+    assert discovery.choose_socket("", deep, tmp_path / "home") == choice
+    assert discovery.choose_socket("", deep, tmp_path / "other").path != choice.path
+    assert discovery.choose_socket("", tmp_path, tmp_path).note is None
+
+
+def test_token_file_is_created_once_0600_and_env_wins(tmp_path, monkeypatch):
+    token, where = settings.load_or_create_token(tmp_path)
+    assert len(token) >= 32 and where == str(tmp_path / "token")
+    assert stat.S_IMODE((tmp_path / "token").stat().st_mode) == 0o600
+    assert settings.load_or_create_token(tmp_path)[0] == token
+    monkeypatch.setenv("ZENEDGE_TOKEN", "from-env")
+    assert settings.load_or_create_token(tmp_path) == ("from-env", "ZENEDGE_TOKEN")
+
+
+def test_non_loopback_tcp_needs_allow_remote():
+    from zenedge import config
+
+    cfg = config.load()
+    with pytest.raises(InvalidInput, match="--allow-remote"):
+        settings.resolve(cfg, tcp="0.0.0.0:11435")
+    remote = settings.resolve(cfg, tcp="0.0.0.0:11435", allow_remote=True)
+    assert remote.tcp == ("0.0.0.0", 11435) and remote.token  # the token is always required
+    assert settings.resolve(cfg, tcp="[::1]:0").tcp == ("::1", 0)
+    with pytest.raises(InvalidInput):
+        settings.parse_tcp("localhost")
