@@ -39,7 +39,9 @@ for command in (registry_cmds.search, registry_cmds.pull, registry_cmds.registry
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one line on stderr and a meaningful exit code for every known failure."""
     try:
-        app.main(args=argv, prog_name="zenedge", standalone_mode=False)
+        code = app.main(args=argv, prog_name="zenedge", standalone_mode=False)
+        if isinstance(code, int):  # click returns Exit codes instead of raising without standalone mode
+            return code
     except ZenedgeError as exc:
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
