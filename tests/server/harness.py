@@ -20,14 +20,13 @@ import httpx
 from tests.conftest import tiny_module_shapes, write_lora_dir
 
 PROFILES = ("p0", "p1", "p2", "p3")
-CONFIG = """\
-[runtime]
-device = "cpu"
-dtype = "float32"
+DEFAULT_CONFIG = {"runtime": {"device": "cpu", "dtype": "float32"}, "server": {"max_queue": 64}}
 
-[server]
-max_queue = {max_queue}
-"""
+
+def write_config(path: Path, sections: dict) -> None:
+    """A config file from {section: {key: value}} (JSON scalars and string lists are valid TOML)."""
+    path.write_text("".join(f"[{section}]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in keys.items())
+                            + "\n" for section, keys in sections.items()))
 
 
 @contextlib.contextmanager
@@ -44,17 +43,21 @@ def one_torch_thread():
         torch.set_num_threads(before)
 
 
-def make_home(root: Path, tiny_base_dir: Path, *, profiles=PROFILES, max_queue: int = 64) -> tuple[Path, Path]:
+def make_home(root: Path, tiny_base_dir: Path, *, profiles=PROFILES, config: dict | None = None) -> tuple[Path, Path]:
     """A home with the tiny base registered as `tiny` (and as `forever`, a copy whose end-of-sequence
     token is out of its vocabulary, so generations run until max_tokens or cancellation), and a
-    LoRA profile per name; returns (home, config)."""
-    from zenedge import bases, config, policy
+    LoRA profile per name; `config` overrides DEFAULT_CONFIG per section. Returns (home, config path)."""
+    from zenedge import bases, policy
+    from zenedge import config as config_mod
     from zenedge.store import Store
 
     root.mkdir(parents=True, exist_ok=True)
     home, config_path = root / "home", root / "config.toml"
-    config_path.write_text(CONFIG.format(max_queue=max_queue))
-    cfg = config.load(config_path)
+    sections = {s: dict(keys) for s, keys in DEFAULT_CONFIG.items()}
+    for section, keys in (config or {}).items():
+        sections.setdefault(section, {}).update(keys)
+    write_config(config_path, sections)
+    cfg = config_mod.load(config_path)
     store = Store(home)
     bases.add_hf_dir(store, tiny_base_dir, "tiny")
     forever = root / "forever-base"

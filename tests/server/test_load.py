@@ -66,7 +66,7 @@ def test_32_concurrent_streams_over_4_profiles_lose_nothing(daemon, record_prope
 
 
 def test_full_queue_is_503_with_retry_after_and_leaving_cancels(fresh_daemon):
-    daemon = fresh_daemon(max_queue=2)
+    daemon = fresh_daemon(config={"server": {"max_queue": 2}})
     endless = chat_body("forever", "go on", max_tokens=65536)
     with daemon.uds() as http, daemon.uds() as watcher:
         with http.stream("POST", "/v1/chat/completions", json={**endless, "stream": True}) as stream:

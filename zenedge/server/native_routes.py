@@ -100,12 +100,19 @@ async def _streamed_pull(state: DaemonState, pull_fn, name: str):
         except BaseException as exc:
             loop.call_soon_threadsafe(events.put_nowait, ("error", exc))
 
-    worker = loop.run_in_executor(None, run)  # keeps going if the client leaves: a pull commits or not, whole
+    loop.run_in_executor(None, run)  # keeps going if the client leaves: a pull commits whole or not at all
+    # Hold back "resolving" lines until the name resolves, so an unknown name is a plain 404.
+    held = []
     kind, value = await events.get()
+    while kind == "progress" and value.get("status") == "resolving":
+        held.append(value)
+        kind, value = await events.get()
     if kind == "error":
         raise value
 
     async def lines():
+        for line in held:
+            yield streaming.ndjson(line)
         current = (kind, value)
         while True:
             what, data = current
