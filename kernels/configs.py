@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 DECODE_ROWS = 16          # M at or below this takes the decode layout
+# Grouped decode unrolls one slot per distinct delta (+ base) inside the K loop. Up to 9 slots
+# (8 deltas + base rows) compile without spills under triton 3.6 and 3.9; 16 slots spill, so a
+# batch with more distinct deltas takes the tiles layout (one program per delta segment).
+MAX_DECODE_SLOTS = 9
 
 
 @dataclass(frozen=True)

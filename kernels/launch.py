@@ -5,10 +5,12 @@ Nothing here picks a tile shape; callers pass a KernelConfig (autotune.py choose
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 
-from .configs import DECODE_ROWS, KernelConfig
+from .configs import DECODE_ROWS, MAX_DECODE_SLOTS, KernelConfig
 from .fused_kernel import _bitdelta_kernel
 from .grouping import RowGrouping
 
@@ -114,12 +116,11 @@ def launch_grouped(x, weight, packed, alpha, grouping: RowGrouping, bias, out, c
     if m == 0:
         return out
     num_seg = grouping.num_deltas + 1
-    if m <= cfg.block_m and cfg.block_m == DECODE_ROWS:
+    if m <= cfg.block_m and cfg.block_m == DECODE_ROWS and grouping.num_slots <= MAX_DECODE_SLOTS:
         return _launch(x, weight, packed, alpha, bias, out, cfg, row_mode=ROW_SLOTS, row_tiles=1,
                        perm=grouping.perm, seg_start=grouping.seg_start, slots=grouping.slots,
                        num_seg=num_seg, nslot=grouping.num_slots, m=m, n=n, k=k, kb=kb)
-    if cfg.split_k != 1:
-        raise KernelArgumentError("split_k > 1 is only for the decode layout")
+    cfg = dataclasses.replace(cfg, split_k=1)           # tiles layout: every program owns whole K
     # Each non-empty segment wastes at most one partial tile: a fixed upper bound, no sync.
     row_tiles = triton.cdiv(m, cfg.block_m) + min(num_seg, m)
     return _launch(x, weight, packed, alpha, bias, out, cfg, row_mode=ROW_TILES, row_tiles=row_tiles,

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from .configs import DECODE_CONFIGS, GROUPED_DECODE_CONFIGS, PREFILL_CONFIGS, KernelConfig
 
-# (name, ROW_MODE, NSLOT, configs): decode grouped is shown for 8 deltas over 16 rows (9 slots)
-# and for the worst case, 16 distinct deltas in one decode tile (16 slots).
+# (name, ROW_MODE, NSLOT, configs): decode grouped is shown for 8 deltas + base rows (9 slots,
+# MAX_DECODE_SLOTS); decode batches with more distinct deltas use the tiles layout.
 VARIANTS = (
     ("decode", 0, 1, DECODE_CONFIGS),
     ("decode-grouped", 2, 9, GROUPED_DECODE_CONFIGS),
-    ("decode-grouped16", 2, 16, GROUPED_DECODE_CONFIGS[:1]),
+    ("decode-grouped-tiles", 1, 1, GROUPED_DECODE_CONFIGS[:1]),
     ("prefill", 0, 1, PREFILL_CONFIGS),
     ("prefill-grouped", 1, 1, PREFILL_CONFIGS),
 )

@@ -110,3 +110,14 @@ def test_launcher_rejects_bad_inputs(bad):
         weight = weight.T.contiguous().T
     with pytest.raises(KernelArgumentError):
         bitdelta_linear(x, weight, packed, alpha)
+
+
+def test_decode_batch_with_many_distinct_deltas_takes_the_tiles_layout():
+    # 12 distinct deltas in 14 rows: more slots than MAX_DECODE_SLOTS, still one launch, still exact.
+    m, deltas = 14, 12
+    x, weight, packed, alpha, bias = problem(m, 40, 72, torch.float32, deltas=deltas, seed=11, bias=True)
+    ids = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -1, 3])
+    y = bitdelta_linear_multi(x, weight, packed, alpha, ids, bias, out=poisoned(m, 40, torch.float32))
+    expected = reference.bitdelta_linear_multi(x.double(), weight.double(), packed, alpha.double(), ids,
+                                               bias.double())
+    assert relative_error(y, expected) < 1e-5

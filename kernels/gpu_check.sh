@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device run: versions, correctness of every kernel config against the float64 reference,
+# then the full benchmark. Run from the repository root on a CUDA machine:
+#   OUT=/some/dir bash kernels/gpu_check.sh
+# Uses the machine's own torch/triton; installs nothing. The package is put on sys.path through
+# a symlink shim (kernels/ is zenedge.kernels only once installed).
+set -u -o pipefail
+OUT=${OUT:-/tmp/zenedge-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+unset TRITON_INTERPRET
+
+SHIM=$(mktemp -d)
+mkdir -p "$SHIM/zenedge"
+: > "$SHIM/zenedge/__init__.py"
+ln -s "$PWD/kernels" "$SHIM/zenedge/kernels"
+ln -s "$PWD/zenedge/bitdelta" "$SHIM/zenedge/bitdelta"
+export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+} 2>&1 | tee "$OUT/versions.txt"
+
+# Quick first: one shape proves the whole path (compile, check, graphs) before the long table.
+python3 - <<'EOF' 2>&1 | tee "$OUT/smoke.txt"
+import torch
+from zenedge.kernels import reference
+from zenedge.kernels.triton import bitdelta_linear
+from zenedge.bitdelta.packing import compress
+from zenedge.kernels.configs import DECODE_CONFIGS
+x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) * 0.05
+p, a = compress(torch.randn(256, 512, device="cuda") * 0.01)
+y = bitdelta_linear(x, w, p, a, config=DECODE_CONFIGS[0])    # one compile, no autotune
+r = reference.bitdelta_linear(x.double(), w.double(), p, a.double())
+print("smoke rel.err", float((y.double() - r).norm() / r.norm()))
+EOF
+
+python3 -m zenedge.kernels.bench --check 2>&1 | tee "$OUT/bench.txt"
+status=$?
+rm -rf "$SHIM"
+exit $status
