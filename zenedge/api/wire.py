@@ -63,7 +63,8 @@ TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
 class SamplingFields(Lenient):
     model: str = Field(min_length=1, max_length=256, description="a profile in the pool or a base name")
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(None, description="default 1; 0 = greedy")
+    # Up to 100 like the engine (OpenAI stops at 2): `zenedge run` behaves the same with or without a daemon.
+    temperature: Annotated[float, Field(ge=0, le=100)] | None = Field(None, description="default 1; 0 = greedy")
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     max_tokens: TokenCount | None = None
     seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
@@ -260,11 +261,18 @@ class BudgetRequest(Strict):
     dry_run: bool = False
 
 
+class EvictedAdapter(BaseModel):
+    names: list[str]
+    kind: str
+    freed_bytes: int
+
+
 class BudgetPlan(BaseModel):
     budget_bytes: int
     used_before: int
     used_after: int
-    evict: list[str]
+    evict: list[str] = Field(description="profile names evicted (or, with dry_run, that would be)")
+    evicted: list[EvictedAdapter]
     dry_run: bool
 
 

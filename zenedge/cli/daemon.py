@@ -33,3 +33,47 @@ def find_daemon(cfg: Config | None = None, timeout: float = HEALTH_TIMEOUT) -> D
     if health.get("home_id") != discovery.home_id(paths.home()):
         return None  # a daemon of another home on a shared socket path: never touch its pool
     return client
+
+
+def run_through_daemon(client: DaemonClient, name: str, prompt: str, *, raw: bool, system: str | None,
+                       max_tokens: int, temperature: float, top_p: float, seed: int | None,
+                       stop: tuple[str, ...], json_out: bool) -> None:
+    """`zenedge run` when a daemon is up: same output, no model load in this process."""
+    import sys
+
+    from zenedge.api.client import sampling_body
+    from zenedge.cli.output import print_json
+
+    body = sampling_body(name, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop)
+    if raw:
+        body["prompt"] = prompt
+    else:
+        body["messages"] = ([{"role": "system", "content": system}] if system else []) + \
+            [{"role": "user", "content": prompt}]
+    if json_out:
+        result = client.complete(body) if raw else client.chat(body)
+        choice, usage = result["choices"][0], result["usage"]
+        return print_json({"model": name, "text": choice["text"] if raw else choice["message"]["content"],
+                           "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+                           "finish_reason": choice["finish_reason"]})
+    for chunk in (client.complete_stream(body) if raw else client.chat_stream(body)):
+        for choice in chunk.get("choices", ()):
+            text = choice.get("text") if raw else choice.get("delta", {}).get("content")
+            if text:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+class DaemonBudgetPlan:
+    """The daemon's answer to `budget set`, shaped like policy.EvictionPlan for the CLI's printing."""
+
+    def __init__(self, answer: dict):
+        self.budget, self.used_before, self.used_after = (answer["budget_bytes"], answer["used_before"],
+                                                          answer["used_after"])
+        self.evict = [{"names": a["names"], "kind": a["kind"], "freed": a["freed_bytes"]} for a in answer["evicted"]]
+        self.names = answer["evict"]
+
+    @classmethod
+    def set_budget(cls, client: DaemonClient, size: str, dry_run: bool) -> "DaemonBudgetPlan":
+        return cls(client.set_budget(size, dry_run))

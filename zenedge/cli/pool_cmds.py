@@ -73,8 +73,10 @@ def import_cmd(path: Path, name: str, base: str | None, eval_set: Path | None, j
 @json_option
 def rm_cmd(name: str, json_out: bool) -> None:
     """Remove a profile (its adapter too, unless another name shares it)."""
-    load_config()
-    result = open_store().remove_name(name)
+    from zenedge.cli.daemon import find_daemon
+
+    daemon = find_daemon(load_config())  # through the daemon, its cached variant goes too
+    result = daemon.rm(name) if daemon else open_store().remove_name(name)
     if json_out:
         return print_json(result)
     click.echo(f"removed {name}; freed {format_size(result['freed_bytes'])}")

@@ -24,6 +24,12 @@ from zenedge.cli.output import json_option, print_json
 def run(name: str, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int | None,
         stop: tuple[str, ...], system: str | None, raw: bool, json_out: bool) -> None:
     """Generate with a profile (or a base) and stream the answer."""
+    from zenedge.cli.daemon import find_daemon, run_through_daemon
+
+    daemon = find_daemon()
+    if daemon is not None:  # the daemon has the model loaded: no start-up cost here
+        return run_through_daemon(daemon, name, prompt, raw=raw, system=system, max_tokens=max_tokens,
+                                  temperature=temperature, top_p=top_p, seed=seed, stop=stop, json_out=json_out)
     from zenedge.runtime.engine import Engine, Prompt
     from zenedge.runtime.generate import SamplingParams
 

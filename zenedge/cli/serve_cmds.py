@@ -27,12 +27,12 @@ def serve(socket_path: str | None, tcp: str | None, allow_remote: bool, grace: f
     cfg = load_config()
     settings = settings_mod.resolve(cfg, socket=socket_path, tcp=tcp, allow_remote=allow_remote,
                                     grace_seconds=grace)
-    # Refuse a second daemon before paying for torch and FastAPI (claim again, for real, in run()).
-    instance.claim(settings.home, settings.socket).release()
+    # Claim the home before paying for torch and FastAPI: a second daemon is refused in milliseconds.
+    claim = instance.claim(settings.home, settings.socket)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from zenedge.server.daemon import Daemon
 
-    Daemon(settings, cfg).run()
+    Daemon(settings, cfg).run(claim)
 
 
 @click.command("ps")

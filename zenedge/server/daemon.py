@@ -33,6 +33,7 @@ from zenedge.server.state import DaemonState
 from zenedge.store import Store
 
 log = logging.getLogger("zenedge.server")
+CANCEL_MARGIN = 5.0  # seconds after the grace period for cancelled streams to send their last event
 
 
 class _Server(uvicorn.Server):
@@ -59,9 +60,10 @@ class Daemon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: _Server | None = None
 
-    def run(self) -> int:
-        """Serve until told to stop; raises AlreadyRunning when the home already has a daemon."""
-        claim = instance.claim(self.settings.home, self.settings.socket)
+    def run(self, claim: instance.Claim | None = None) -> int:
+        """Serve until told to stop; raises AlreadyRunning when the home already has a daemon.
+        `claim`: the home, already claimed by the caller (released here at the end)."""
+        claim = claim or instance.claim(self.settings.home, self.settings.socket)
         try:
             for note in claim.notes:
                 self.announce(f"note: {note}")
@@ -83,10 +85,15 @@ class Daemon:
             return
         self._server.should_exit = True
         if self.state is not None:
-            self.state.scheduler.stop_accepting()
-            running = self.state.scheduler.stats()
+            scheduler = self.state.scheduler
+            scheduler.stop_accepting()
+            running = scheduler.stats()
             log.info("shutting down: %d running, %d queued; grace %.0fs", running["running"], running["queued"],
                      self.settings.grace_seconds)
+            # At the end of the grace period, cancel what is left ourselves: streams then end with
+            # finish_reason "cancelled" and [DONE] instead of a cut connection (uvicorn's own
+            # deadline, a little later, is only the backstop).
+            self._loop.call_later(self.settings.grace_seconds, scheduler.cancel_all)
 
     async def _serve(self) -> None:
         settings = self.settings
@@ -110,7 +117,7 @@ class Daemon:
         self._loop = asyncio.get_running_loop()
         self._server = server = _Server(uvicorn.Config(
             app, lifespan="off", log_config=None, access_log=False, server_header=False,
-            timeout_graceful_shutdown=settings.grace_seconds))
+            timeout_graceful_shutdown=settings.grace_seconds + CANCEL_MARGIN))
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._begin_exit)

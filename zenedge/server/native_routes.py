@@ -59,7 +59,8 @@ def router(state: DaemonState, maintenance: Maintenance) -> APIRouter:
             await maintenance.reload()  # the new budget is in the file now: put it in force here too
             await run_in_threadpool(state.sync_cache)
         return {"budget_bytes": plan.budget, "used_before": plan.used_before, "used_after": plan.used_after,
-                "evict": plan.names, "dry_run": body.dry_run}
+                "evict": plan.names, "dry_run": body.dry_run,
+                "evicted": [{"names": a["names"], "kind": a["kind"], "freed_bytes": a["freed"]} for a in plan.evict]}
 
     @api.get("/api/pool", response_model=wire.PoolStatus)
     async def pool() -> dict:

@@ -94,17 +94,22 @@ class Scheduler:
         with self._cond:
             self._accepting = False
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Fail waiting jobs, cancel running ones, and wait for the worker to finish its step."""
+    def cancel_all(self) -> None:
+        """End every job now: waiting ones fail with ShuttingDown, running rows stop at the next step
+        (their streams still end properly, with finish_reason "cancelled")."""
         with self._cond:
             self._accepting = False
-            self._stopping = True
             waiting, self._waiting = list(self._waiting), deque()
             for job in self._running:
                 job.cancel()
+        self._deliver([(job, ("error", ShuttingDown("the daemon is shutting down"))) for job in waiting])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel everything and wait for the worker to finish its step."""
+        self.cancel_all()
+        with self._cond:
+            self._stopping = True
             self._cond.notify_all()
-        for job in waiting:
-            self._deliver([(job, ("error", ShuttingDown("the daemon is shutting down")))])
         if self._thread.is_alive():
             self._thread.join(timeout)
 

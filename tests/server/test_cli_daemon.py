@@ -1,0 +1,118 @@
+"""The CLI through a running daemon (`run`, `rm`, `budget set`, `ps`), and finding it cheaply."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from tests.conftest import run_cli
+from tests.server.harness import PROFILES, chat_body
+from zenedge import config
+from zenedge.api import client as api_client
+from zenedge.api import discovery, wire
+from zenedge.cli.daemon import find_daemon
+
+
+def completed(daemon) -> int:
+    with daemon.uds() as http:
+        return http.get("/api/ps").json()["scheduler"]["completed"]
+
+
+def test_ps_without_a_daemon_says_so():
+    result = run_cli("ps")
+    assert result.returncode == 3
+    assert result.stderr.strip() == "error: no zenedge daemon is running (start one with `zenedge serve`)"
+
+
+def test_ps_through_the_daemon(daemon):
+    status = json.loads(run_cli("ps", "--json", env=daemon.env(), check=True).stdout)
+    assert status["scheduler"]["max_queue"] == 64 and "variants" in status
+    table = run_cli("ps", env=daemon.env(), check=True).stdout
+    assert "running" in table and "queued" in table
+
+
+def test_run_goes_through_the_daemon_with_the_same_answer(daemon):
+    before = completed(daemon)
+    printed = run_cli("run", "p1", "tell me a story", "--max-tokens", "12", env=daemon.env(), check=True).stdout
+    as_json = json.loads(run_cli("run", "p1", "tell me a story", "--max-tokens", "12", "--json",
+                                 env=daemon.env(), check=True).stdout)
+    raw = run_cli("run", "p1", "Once", "--raw", "--max-tokens", "6", env=daemon.env(), check=True).stdout
+    assert completed(daemon) == before + 3  # all three ran in the daemon
+    with daemon.uds() as http:
+        expected = http.post("/v1/chat/completions", json=chat_body("p1", "tell me a story")).json()
+        raw_expected = http.post("/v1/completions", json={"model": "p1", "prompt": "Once", "max_tokens": 6,
+                                                          "temperature": 0}).json()
+    assert printed == expected["choices"][0]["message"]["content"] + "\n"
+    assert as_json == {"model": "p1", "text": expected["choices"][0]["message"]["content"],
+                       "prompt_tokens": expected["usage"]["prompt_tokens"],
+                       "completion_tokens": expected["usage"]["completion_tokens"],
+                       "finish_reason": expected["choices"][0]["finish_reason"]}
+    assert raw == raw_expected["choices"][0]["text"] + "\n"
+    missing = run_cli("run", "ghost", "hi", env=daemon.env())
+    assert missing.returncode == 1 and missing.stderr.startswith("error: 'ghost' is not in the pool")
+
+
+def test_rm_and_budget_set_go_through_the_daemon(fresh_daemon):
+    daemon = fresh_daemon()
+    with daemon.uds() as http:
+        http.post("/v1/chat/completions", json=chat_body("p2", "hi", max_tokens=2))
+        out = run_cli("rm", "p2", env=daemon.env(), check=True).stdout
+        assert out.startswith("removed p2; freed")
+        assert not any("p2" in v["names"] for v in http.get("/api/ps").json()["variants"])  # left memory too
+        used = http.get("/api/budget").json()["used_bytes"]
+        plan = json.loads(run_cli("budget", "set", f"{used}B", "--json", env=daemon.env(), check=True).stdout)
+        assert plan["budget_bytes"] == used and plan["evict"] == []
+        assert http.get("/api/budget").json()["budget_bytes"] == used  # in force in the daemon at once
+        human = run_cli("budget", "set", "1B", "--dry-run", env=daemon.env(), check=True).stdout
+        assert "would evict" in human and all(p in human for p in ("p0", "p1", "p3"))
+        assert len(http.get("/api/list").json()["models"]) == len(PROFILES) - 1
+
+
+def test_find_daemon(daemon, isolated_home, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "")
+    cfg = config.load()
+    assert find_daemon(cfg) is None  # no socket: one stat, nothing else
+    path = discovery.socket_for(cfg).path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # what a crashed daemon leaves
+    assert path.exists() and find_daemon(cfg) is None
+    # a daemon that serves another home, even on our socket path, is not ours
+    config_path = tmp_path / "other.toml"
+    config_path.write_text(f'[server]\nsocket = "{daemon.socket}"\n')
+    assert find_daemon(config.load(config_path)) is None
+    monkeypatch.setenv("ZENEDGE_HOME", str(daemon.home))
+    found = find_daemon(config.load(config_path))
+    assert found is not None and found.health()["home_id"] == discovery.home_id(daemon.home)
+
+
+def test_finding_a_daemon_imports_only_the_stdlib_client():
+    code = ("import sys, zenedge.cli, zenedge.cli.daemon; from zenedge.cli.daemon import find_daemon; find_daemon(); "
+            "print(' '.join(m for m in ('torch', 'transformers', 'fastapi', 'uvicorn', 'starlette', 'httpx', "
+            "'pydantic', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
+
+
+def test_client_request_bodies_fit_the_wire_contract():
+    body = api_client.sampling_body("p0", max_tokens=5, temperature=0.0, top_p=0.9, seed=3, stop=("\n",))
+    wire.ChatCompletionRequest.model_validate({**body, "messages": [{"role": "user", "content": "hi"}],
+                                               "stream": True, "stream_options": {"include_usage": True}})
+    wire.CompletionRequest.model_validate({**body, "prompt": "hi"})
+    wire.RmRequest.model_validate({"name": "p0"})
+    wire.BudgetRequest.model_validate({"size": "1GiB", "dry_run": False})
+    wire.PullRequest.model_validate({"name": "writer", "stream": True})
+
+
+def test_wire_errors_become_the_same_zenedge_errors():
+    from zenedge.errors import AdapterNotFound, BudgetExceeded, ZenedgeError
+
+    error = api_client.error_from_wire(404, {"error": {"code": "adapter_not_found", "message": "gone", "hint": "h"}})
+    assert type(error) is AdapterNotFound and str(error) == "gone (h)" and error.exit_code == 1
+    assert type(api_client.error_from_wire(507, {"error": {"code": "budget_exceeded", "message": "x"}})) \
+        is BudgetExceeded
+    odd = api_client.error_from_wire(502, "<html>bad gateway</html>")
+    assert type(odd) is ZenedgeError and "502" in str(odd)
