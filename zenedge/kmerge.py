@@ -30,12 +30,13 @@ OPCM_ALPHA = 0.5
 
 @dataclass
 class Incoming:
-    """The adapter asking for a place: its factors, its name, its eval set."""
+    """The adapter asking for a place: its name, eval set, and weights (LoRA factors or a delta file)."""
 
     name: str
-    factors: dict[str, LoraFactors]
+    factors: dict[str, LoraFactors] | None
     eval_path: Path | None
     quality: dict[str, Any] = field(default_factory=dict)
+    delta_path: Path | None = None  # a .bitdelta file (then factors is None)
 
 
 @dataclass
@@ -45,7 +46,8 @@ class Attempt:
     similarity: float
     measurements: list[Measurement]
     threshold: float
-    state: LowRankOPCMState | None = None
+    state: Any = None              # LowRankOPCMState for LoRA merges, a dict for 1-bit merges
+    merged_path: Path | None = None  # the re-binarised file of a 1-bit merge
     qualities: dict[str, dict[str, Any]] = field(default_factory=dict)  # anchors measured on the way
 
     @property
@@ -96,7 +98,7 @@ class PoolMerger:
         return self.store.blob_path(name_row["eval_blob"]) if name_row.get("eval_blob") else None
 
     def attempt(self, candidate: dict[str, Any], similarity: float, incoming: Incoming) -> Attempt:
-        """Merge `incoming` into `candidate` (not stored yet) and measure every member."""
+        """Merge a LoRA `incoming` into `candidate` with low-rank OPCM (nothing stored yet) and gate it."""
         stored = self.factors(candidate)
         cap = rank_cap(self.cfg, stored, incoming.factors)
         previous = candidate.get("state") or {}
@@ -105,29 +107,63 @@ class PoolMerger:
         else:
             state = lowrank_opcm_init(stored, cap)
         state = lowrank_opcm_step(state, incoming.factors, OPCM_ALPHA, cap)
-        merged = self.variant("candidate-merge", state.merged)
-        current = self.variant(candidate["id"], stored) if candidate["kind"] == "lora" else None
         attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.get("pool", "quality_threshold"), state)
+        own = self.variant(candidate["id"], stored)
+        return self._gate(attempt, candidate, own, self.variant("candidate-merge", state.merged), incoming,
+                          self.variant("incoming", incoming.factors))
+
+    def delta_candidates(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
+        from zenedge.bitdelta.fileformat import load_bitdelta
+        from zenedge.delta_merge import delta_cosine
+
+        new = load_bitdelta(incoming.delta_path).modules
+        rows = [a for a in self.store.adapters() if a["kind"] == "bitdelta" and a["base"] == base and not a["pinned"]
+                and not set(self.store.names_of(a["id"])) & set(self.cfg.get("runtime", "pinned"))]
+        ranked = [(row, delta_cosine(load_bitdelta(self.store.blob_path(row["sha256"])).modules, new)) for row in rows]
+        return sorted(ranked, key=lambda pair: -pair[1])
+
+    def attempt_delta(self, candidate: dict[str, Any], similarity: float, incoming: Incoming,
+                      workdir: Path) -> Attempt:
+        """Dense OPCM of two 1-bit deltas, streamed and re-binarised into `workdir`, then gated."""
+        from zenedge.delta_merge import merge_bitdelta_files
+        from zenedge.runtime.variants import load_bitdelta as load_variant
+
+        out = workdir / "merged.bitdelta"
+        stored = self.store.blob_path(candidate["sha256"])
+        state = merge_bitdelta_files(stored, candidate.get("state") or {}, incoming.delta_path, out, OPCM_ALPHA)
+        attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.get("pool", "quality_threshold"), state,
+                          merged_path=out)
+        device = self.resident.device
+        return self._gate(attempt, candidate, load_variant(candidate["id"], stored, device),
+                          load_variant("candidate-merge", out, device), incoming,
+                          load_variant("incoming", incoming.delta_path, device))
+
+    def _gate(self, attempt: Attempt, candidate: dict[str, Any], own: Variant, merged: Variant,
+              incoming: Incoming, incoming_variant: Variant) -> Attempt:
+        """Measure every member of the candidate and the newcomer on the merged variant."""
+        original = candidate["kind"] != "merged"  # its own adapter still exists: anchors can be taken
         for name in self.store.names_of(candidate["id"]):
             row = self.store.name(name)
             eval_path = self._eval_path(row)
             quality = row.get("quality") or {}
-            if eval_path is not None and "own_loss" not in quality and current is not None:
-                quality = self.gate.anchors(current, eval_path)
+            if eval_path is not None and "own_loss" not in quality and original:
+                quality = self.gate.anchors(own, eval_path)
                 attempt.qualities[name] = quality
-            serving = current or self.variant(candidate["id"], stored)
             attempt.members.append(name)
-            attempt.measurements.append(self.gate.measure(name, quality, eval_path, merged, serving))
+            attempt.measurements.append(self.gate.measure(name, quality, eval_path, merged, own))
         if incoming.eval_path is not None and "own_loss" not in incoming.quality:
-            incoming.quality = self.gate.anchors(self.variant("incoming", incoming.factors), incoming.eval_path)
+            incoming.quality = self.gate.anchors(incoming_variant, incoming.eval_path)
         attempt.qualities[incoming.name] = incoming.quality
         attempt.members.append(incoming.name)
         attempt.measurements.append(self.gate.measure(incoming.name, incoming.quality, incoming.eval_path, merged,
-                                                      self.variant("incoming", incoming.factors)))
+                                                      incoming_variant))
         return attempt
 
     def write(self, attempt: Attempt, base: str, directory: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
-        """The accepted merge as a PEFT directory, its config, and the OPCM state to store with it."""
+        """The accepted merge as a file to store, its config, and the OPCM state to store with it."""
+        if attempt.merged_path is not None:  # a 1-bit merge: already written, re-binarised
+            return attempt.merged_path, {"format": "zenedge.bitdelta", "merged": "opcm"}, \
+                {**attempt.state, "members": attempt.members}
         config = write_peft_adapter(attempt.state.merged, directory, base_model=base)
         state = {"method": "opcm", "alpha": OPCM_ALPHA, "lam": attempt.state.lam, "norms": list(attempt.state.norms),
                  "members": attempt.members, "energy_kept": attempt.state.truncation.energy_kept_overall,

@@ -125,14 +125,14 @@ def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName
     (rate-weighted LRU, never pinned) or refuses, as `pool.on_no_merge` says."""
     with store.writing():
         attempts: list[dict[str, Any]] = []
-        if adapter.kind == "lora" and _prefers_merge(store, cfg, adapter):
+        if adapter.kind in ("lora", "bitdelta") and _prefers_merge(store, cfg, adapter):
             merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, event)
             if merged:
                 return merged
         try:
             return _commit(store, cfg, adapter, entry, event, action="stored")
         except BudgetExceeded as pressure:
-            if adapter.kind == "lora" and not attempts:
+            if adapter.kind in ("lora", "bitdelta") and not attempts:
                 merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, event)
                 if merged:
                     return merged
@@ -157,34 +157,45 @@ def _prefers_merge(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
     """K-Merge++ (`pool.slot_threshold` > 0): with a free slot, still merge when the new adapter is
     similar enough to a stored one. Decided by the merge attempt itself (the gate still applies)."""
     threshold = cfg.get("pool", "slot_threshold")
-    return threshold > 0 and any(a["kind"] in ("lora", "merged") and a["base"] == adapter.base
-                                 for a in store.adapters())
+    kinds = ("bitdelta",) if adapter.kind == "bitdelta" else ("lora", "merged")
+    return threshold > 0 and any(a["kind"] in kinds and a["base"] == adapter.base for a in store.adapters())
 
 
 def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, engine,
                           attempts: list[dict[str, Any]], event: str, max_candidates: int = 3) -> dict[str, Any] | None:
-    from zenedge.adapters.lora_tensors import read_lora_factors
+    """Try the most similar stored adapters of the same kind; commit the first merge the gate keeps."""
     from zenedge.kmerge import Incoming, PoolMerger
 
-    import torch
-
     merger = PoolMerger(store, cfg, _resident(store, cfg, adapter.base, engine))
-    incoming = Incoming(entry.name, read_lora_factors(adapter.weights, adapter.config, dtype=torch.float32),
-                        entry.eval_path, dict(entry.quality))
+    if adapter.kind == "bitdelta":
+        incoming = Incoming(entry.name, None, entry.eval_path, dict(entry.quality), delta_path=adapter.weights)
+        candidates = merger.delta_candidates(incoming, adapter.base)
+    else:
+        import torch
+
+        from zenedge.adapters.lora_tensors import read_lora_factors
+
+        factors = read_lora_factors(adapter.weights, adapter.config, dtype=torch.float32)
+        incoming = Incoming(entry.name, factors, entry.eval_path, dict(entry.quality))
+        candidates = merger.candidates(incoming, adapter.base)
     slot_threshold = cfg.get("pool", "slot_threshold")
-    for candidate, similarity in merger.candidates(incoming, adapter.base)[:max_candidates]:
+    for candidate, similarity in candidates[:max_candidates]:
         if slot_threshold > 0 and similarity < slot_threshold and not attempts and _has_room(store, cfg, adapter):
             return None  # K-Merge++: dissimilar to everything and a slot is free: take the slot
-        attempt = merger.attempt(candidate, similarity, incoming)
-        attempts.append(attempt.summary())
-        entry.quality = incoming.quality
-        if not attempt.accepted:
-            continue
         with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
+            if adapter.kind == "bitdelta":
+                attempt = merger.attempt_delta(candidate, similarity, incoming, Path(work))
+            else:
+                attempt = merger.attempt(candidate, similarity, incoming)
+            attempts.append(attempt.summary())
+            entry.quality = incoming.quality
+            if not attempt.accepted:
+                continue
             weights, config, state = merger.write(attempt, adapter.base, Path(work))
-            merged = NewAdapter(kind="merged", base=adapter.base, weights=weights, rank=config["r"],
-                                target_modules=sorted(attempt.state.merged), config=config, state=state,
-                                origin={"source": "merge", "members": attempt.members})
+            merged = NewAdapter(kind="bitdelta" if adapter.kind == "bitdelta" else "merged", base=adapter.base,
+                                weights=weights, rank=config.get("r", 0), target_modules=adapter.target_modules
+                                if adapter.kind == "bitdelta" else sorted(attempt.state.merged),
+                                config=config, state=state, origin={"source": "merge", "members": attempt.members})
             names = [NewName(name=n, quality=attempt.qualities.get(n) or (store.name(n) or {}).get("quality") or {})
                      for n in attempt.members if n != entry.name]
             names.append(NewName(name=entry.name, version=entry.version, description=entry.description,
@@ -193,11 +204,11 @@ def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry:
                 adapter_id = store.put_adapter(
                     merged, names, budget=cfg.budget, max_adapters=cfg.get("pool", "max_adapters"),
                     replaces=[candidate["id"]], event="merge",
-                    merge={"members": json.dumps(attempt.members), "method": "opcm", "similarity": similarity,
-                           "retention": json.dumps(attempt.summary()["retention"])})
+                    merge={"members": json.dumps(attempt.members), "method": state.get("method", "opcm"),
+                           "similarity": similarity, "retention": json.dumps(attempt.summary()["retention"])})
             except BudgetExceeded:
                 continue  # merged and still too big: try the next candidate, then evict
-        return {"name": entry.name, "adapter_id": adapter_id, "kind": "merged",
+        return {"name": entry.name, "adapter_id": adapter_id, "kind": merged.kind,
                 "bytes": store.adapter(adapter_id)["bytes"], "action": "merged",
                 "merged_with": [n for n in attempt.members if n != entry.name], "attempts": attempts}
     return None
