@@ -189,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sass", action="store_true", help="compile every config for sm_90a, print the SASS table")
     parser.add_argument("--check", action="store_true", help="GPU: check every config first, exclude failures")
     parser.add_argument("--quick", action="store_true", help="GPU: first shape only")
+    parser.add_argument("--threads", type=int, default=0, help="CPU: torch threads (default: torch's choice)")
     args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if args.sass:
         run_sass()
     elif torch.cuda.is_available():

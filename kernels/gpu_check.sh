@@ -16,6 +16,7 @@ mkdir -p "$SHIM/zenedge"
 ln -s "$PWD/kernels" "$SHIM/zenedge/kernels"
 ln -s "$PWD/zenedge/bitdelta" "$SHIM/zenedge/bitdelta"
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+cd "$SHIM"     # python puts the cwd first on sys.path: the repo's own zenedge/ would shadow the shim
 
 {
   date -u
