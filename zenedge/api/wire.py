@@ -28,6 +28,12 @@ class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class Reply(BaseModel):
+    """A response body whose fields are always sent, defaults included (so the schema says required)."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
 # -- errors ---------------------------------------------------------------------------------------
 class ErrorDetail(BaseModel):
     code: str = Field(description="stable machine-readable name (zenedge.errors)")
@@ -94,7 +100,7 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-class AssistantMessage(BaseModel):
+class AssistantMessage(Reply):
     role: Literal["assistant"] = "assistant"
     content: str
 
@@ -105,7 +111,7 @@ class ChatChoice(BaseModel):
     finish_reason: FinishReason
 
 
-class ChatCompletion(BaseModel):
+class ChatCompletion(Reply):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -154,7 +160,7 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
-class ModelCard(BaseModel):
+class ModelCard(Reply):
     id: str
     object: Literal["model"] = "model"
     created: int
@@ -163,13 +169,13 @@ class ModelCard(BaseModel):
     base: str
 
 
-class ModelList(BaseModel):
+class ModelList(Reply):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
 # -- native API -------------------------------------------------------------------------------------
-class Health(BaseModel):
+class Health(Reply):
     status: Literal["ok"] = "ok"
     version: str
     pid: int
@@ -300,14 +306,14 @@ class PullResult(BaseModel):
     adapter_id: str
 
 
-class PoolEvent(BaseModel):
+class PoolEvent(Reply):
     at: float
     kind: str
     name: str | None = None
     detail: Any = None
 
 
-class MaintenanceInfo(BaseModel):
+class MaintenanceInfo(Reply):
     available: bool
     interval_seconds: float
     running: bool

@@ -23,8 +23,13 @@ from zenedge.server.scheduler import Job
 from zenedge.server.state import DaemonState
 
 DEFAULT_MAX_TOKENS = 256
-STREAM_DOC = {200: {"description": "a JSON body, or with `stream: true` server-sent events of chunks",
-                    "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+
+
+def stream_doc(chunk: str) -> dict:
+    """OpenAPI: with `stream: true`, a 200 is server-sent events whose `data:` lines are `chunk`s."""
+    return {200: {"description": f"a JSON body; with `stream: true`, server-sent events whose data lines are "
+                                 f"{chunk} objects (or an ErrorBody), ending with `data: [DONE]`",
+                  "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{chunk}"}}}}}
 
 
 def sampling(body: wire.SamplingFields, max_tokens: int | None) -> SamplingParams:
@@ -55,7 +60,7 @@ def router(state: DaemonState) -> APIRouter:
     async def models() -> wire.ModelList:
         return await run_in_threadpool(_models, state)
 
-    @api.post("/chat/completions", response_model=wire.ChatCompletion, responses=STREAM_DOC)
+    @api.post("/chat/completions", response_model=wire.ChatCompletion, responses=stream_doc("ChatCompletionChunk"))
     async def chat_completions(body: wire.ChatCompletionRequest, request: Request):
         params = sampling(body, body.max_completion_tokens or body.max_tokens)
         prompt = Prompt(messages=[{"role": m.role, "content": m.text()} for m in body.messages])
@@ -81,7 +86,7 @@ def router(state: DaemonState) -> APIRouter:
                                    choices=[wire.ChatChoice(index=0, message=message, finish_reason=outcome.finish_reason)],
                                    usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
 
-    @api.post("/completions", response_model=wire.Completion, responses=STREAM_DOC)
+    @api.post("/completions", response_model=wire.Completion, responses=stream_doc("Completion"))
     async def completions(body: wire.CompletionRequest, request: Request):
         params = sampling(body, body.max_tokens)
         prompt = Prompt(text=body.prompt if isinstance(body.prompt, str) else body.prompt[0])
