@@ -82,14 +82,15 @@ def add_hf_dir(store: Store, directory: Path, name: str, *, aliases: list[str] =
         raise InvalidInput(f"{directory}: quantized checkpoints are not supported as bases")
     files = weights_files(directory)
     modules = linear_modules(directory)
-    sha = sha256 or weights_sha256(directory)
+    weights_digest = weights_sha256(directory)
+    sha = sha256 or weights_digest
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging:
         staging_path = Path(staging)
         for item in list(_KEEP) + [p.name for p in files] + ["model.safetensors.index.json"]:
             if (directory / item).is_file():
                 shutil.copy2(directory / item, staging_path / item)
         return store.add_base(name, staging_path, sha256=sha, modules=modules, aliases=list(aliases),
-                              source=source or str(directory.resolve()))
+                              source=source or str(directory.resolve()), weights_sha256=weights_digest)
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> None:
@@ -161,6 +162,11 @@ def ensure_base(store: Store, name: str = DEFAULT_BASE,
         if row is None:
             row = add_gguf(store, gguf, DEFAULT_BASE, aliases=DEFAULT_BASE_ALIASES, progress=progress)
         return row
+
+
+def identities(base: dict[str, Any]) -> set[str]:
+    """Digests a manifest may use to name this base: its identity and its weights file's digest."""
+    return {d for d in (base.get("sha256"), base.get("weights_sha256")) if d}
 
 
 def _by_alias(store: Store, name: str) -> dict[str, Any] | None:

@@ -90,7 +90,9 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
             raise InvalidAdapter(f"{Path(path).name}: module {module!r} does not match the base {base_row['name']!r}; "
                                  "the delta was made for another model")
     expected = delta.base_sha256
-    if expected and expected != base_row["sha256"]:
+    from zenedge.bases import identities
+
+    if expected and expected not in identities(base_row):
         raise InvalidAdapter(f"{Path(path).name}: made for a different base (sha256 {expected[:12]}…, "
                              f"{base_row['name']!r} is {base_row['sha256'][:12]}…)")
     adapter = NewAdapter(

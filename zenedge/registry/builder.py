@@ -52,6 +52,8 @@ def build_manifest(folder: Path, default_base: tuple[str, str] = (DEFAULT_BASE, 
         raise InvalidInput(f"{folder}: recipe.json says kind {declared!r} but the files are {kind!r}")
     eval_path = folder / "eval.jsonl"
     base = info.get("base") if isinstance(info.get("base"), dict) else {}
+    if base.get("name", default_base[0]) == default_base[0]:
+        base = {"name": default_base[0], "sha256": default_base[1]}  # the canonical identity (the GGUF)
     return Manifest(
         name=name, version=str(info.get("version", "1.0.0")), description=str(info.get("description", "")),
         kind=kind, base_name=base.get("name", default_base[0]), base_sha256=base.get("sha256", default_base[1]),

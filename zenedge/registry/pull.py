@@ -90,7 +90,7 @@ def _check_base(store: Store, manifest: Manifest, progress: Progress | None) -> 
     if base is None:
         raise RegistryError(f"{manifest.name!r} is made for base {manifest.base_name!r}, which is not registered",
                             hint="add it with `zenedge base add PATH --name NAME`")
-    if manifest.base_sha256 and manifest.base_sha256 != base["sha256"]:
+    if manifest.base_sha256 and manifest.base_sha256 not in bases.identities(base):
         raise RegistryError(
             f"{manifest.name!r} was made for a different {manifest.base_name!r} "
             f"(sha256 {manifest.base_sha256[:12]}…, yours is {base['sha256'][:12]}…); refusing it")

@@ -89,6 +89,13 @@ def m001_initial(db: "sqlite_utils.Database") -> None:
     db["events"].create_index(["at"])
 
 
+@migration
+def m002_base_weights_digest(db: "sqlite_utils.Database") -> None:
+    # A base converted from GGUF is identified by its source file; its weights file has a digest
+    # too, and manifests made from the converted directory name that one.
+    db["bases"].add_column("weights_sha256", str)
+
+
 def migrate(db: "sqlite_utils.Database") -> list[str]:
     """Apply pending migrations in order; return the names applied."""
     if "_migrations" not in db.table_names():

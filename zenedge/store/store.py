@@ -202,7 +202,7 @@ class Store:
 
     # -- writes ------------------------------------------------------------------------------
     def add_base(self, name: str, source_dir: Path, *, sha256: str, modules: dict[str, list[int]],
-                 aliases: list[str] = (), source: str = "") -> dict[str, Any]:
+                 aliases: list[str] = (), source: str = "", weights_sha256: str | None = None) -> dict[str, Any]:
         """Register a base: copy its files into bases/<name> (tmp dir + rename), then index it."""
         check_name(name, "base name")
         with self.writing():
@@ -220,7 +220,7 @@ class Store:
                 self.db["bases"].insert({
                     "name": name, "sha256": sha256, "dir": f"bases/{name}", "bytes": size,
                     "modules": json.dumps(modules), "aliases": json.dumps(list(aliases)),
-                    "source": source, "created_at": time.time(),
+                    "source": source, "created_at": time.time(), "weights_sha256": weights_sha256 or sha256,
                 })
                 self._event("base-add", name, None, {"bytes": size, "source": source})
             return self.base(name)
