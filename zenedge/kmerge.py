@@ -21,7 +21,7 @@ from zenedge.config import Config
 from zenedge.merge import LowRankOPCMState, LoraFactors, lowrank_opcm_init, lowrank_opcm_step, rank_by_similarity
 from zenedge.quality import Measurement, QualityGate
 from zenedge.runtime.model import ResidentModel
-from zenedge.runtime.variants import Variant
+from zenedge.runtime.variants import Variant, lora_variant
 from zenedge.store import Store
 
 MERGEABLE = ("lora", "merged")
@@ -82,9 +82,7 @@ class PoolMerger:
         return read_lora_factors(self.store.blob_path(adapter["sha256"]), adapter["config"], dtype=torch.float32)
 
     def variant(self, key: str, factors: dict[str, LoraFactors]) -> Variant:
-        device, dtype = self.resident.device, self.resident.dtype
-        modules = {m: LoraFactors(f.A.to(device, dtype), f.B.to(device, dtype), f.scale) for m, f in factors.items()}
-        return Variant(key, "merged", modules)
+        return lora_variant(key, factors, self.resident)
 
     def candidates(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
         """Stored LoRA/merged adapters of `base`, most similar first (pinned ones excluded)."""

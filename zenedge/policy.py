@@ -49,7 +49,7 @@ def resolve_base(store: Store, name: str | None) -> dict[str, Any]:
 
 def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                 eval_path: Path | None = None, version: str = "", description: str = "",
-                origin: dict[str, Any] | None = None) -> dict[str, Any]:
+                origin: dict[str, Any] | None = None, engine=None) -> dict[str, Any]:
     """Validate a PEFT LoRA directory against its base and store it under `name`."""
     check_name(name, "profile name")
     base_row = resolve_base(store, base)
@@ -63,12 +63,12 @@ def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str |
     )
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
                     origin=adapter.origin)
-    return store_adapter(store, cfg, adapter, entry)
+    return store_adapter(store, cfg, adapter, entry, engine=engine)
 
 
 def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                     eval_path: Path | None = None, version: str = "", description: str = "",
-                    origin: dict[str, Any] | None = None) -> dict[str, Any]:
+                    origin: dict[str, Any] | None = None, engine=None) -> dict[str, Any]:
     """Validate a BitDelta file (format, shapes against the base, base hash) and store it."""
     from zenedge.bitdelta.fileformat import load_bitdelta
 
@@ -103,7 +103,7 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
     )
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
                     origin=adapter.origin)
-    return store_adapter(store, cfg, adapter, entry)
+    return store_adapter(store, cfg, adapter, entry, engine=engine)
 
 
 def check_admission(store: Store, cfg: Config, name: str, size: int, kind: str) -> None:

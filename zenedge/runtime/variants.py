@@ -47,6 +47,13 @@ def load_lora(key: str, kind: str, weights: Path, config: dict, device: torch.de
     return Variant(key, kind, modules, nbytes)
 
 
+def lora_variant(key: str, factors: dict[str, LoraFactors], resident, kind: str = "merged") -> Variant:
+    """An in-memory LoRA variant (e.g. a merge being gated) on the resident's device and dtype."""
+    device, dtype = resident.device, resident.dtype
+    modules = {m: LoraFactors(f.A.to(device, dtype), f.B.to(device, dtype), f.scale) for m, f in factors.items()}
+    return Variant(key, kind, modules)
+
+
 def load_bitdelta(key: str, weights: Path, device: torch.device) -> Variant:
     from zenedge.bitdelta.fileformat import load_bitdelta as read_file
 

@@ -1,0 +1,31 @@
+"""The merge benchmark runs end to end on tiny profiles (numbers are not asserted, shapes are)."""
+
+import json
+
+from tests.conftest import tiny_module_shapes, write_lora_dir
+from zenedge.bench.merge import METHODS, bench, table
+from zenedge.runtime.engine import Engine
+
+
+def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny_base_dir):
+    from zenedge import config
+
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\n')
+    resident = Engine(store, config.load(cfg_path)).resident("tiny")
+    root = tmp_path / "registry"
+    shapes = tiny_module_shapes(tiny_base_dir)
+    for i, (name, metric) in enumerate([("a", "loss"), ("b", "exact_match"), ("c", "loss")]):
+        write_lora_dir(root / name / "adapter", shapes, seed=i, scale=0.2)
+        (root / name / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"p{j}", "answer": "ab"}) + "\n"
+                                                        for j in range(6)))
+        (root / name / "recipe.json").write_text(json.dumps({"name": name, "metric": metric}))
+    result = bench(root, tiny_base_dir, resident, orders=1, slot_counts=(2,), examples=6,
+                   methods=METHODS, log=lambda *_: None)
+    assert {r["method"] for r in result["rows"]} == set(METHODS)
+    [ours] = [r for r in result["rows"] if r["method"] == "zenedge"]
+    assert [a["action"] for a in ours["actions"]][:2] == ["stored", "stored"]
+    assert ours["actions"][2]["action"] in {"merged", "evicted"}  # K=2: the third arrival is under pressure
+    for row in result["rows"]:
+        assert set(row["scores"]) == {"a", "b", "c"} and row["seconds_per_arrival"] >= 0
+    assert "| 2 |" in table(result)

@@ -1,0 +1,291 @@
+"""`zenedge bench merge`: the K-Merge proof on the real profiles of the default base.
+
+For 3 arrival orders and K ∈ {2, 3, 4, 5} slots, every LoRA profile of the registry arrives in
+turn; after the last arrival each profile is scored on its own eval set with whatever serves it:
+
+  zenedge         the product itself: a fresh pool with pool.max_adapters = K, profiles imported
+                  through the real policy (similarity → low-rank OPCM → quality gate → merge,
+                  else evict). An evicted profile is served by the base.
+  kmerge          K-Merge as published: argmax-similarity slot, PEFT factor-space running average
+                  with weights [1 − 1/n, 1/n] (merge method `kmerge-linear`).
+  ties, dare      the same slot choice, merged with TIES / DARE (weights [1 − 1/n, 1/n]).
+  random          a random slot, running average (`kmerge-linear`).
+
+Normalised score per profile (K-Merge's metric): exact-match accuracy of the serving adapter ÷
+that of the profile's own adapter where the profile has checkable answers, loss retention
+(L_base − L)/(L_base − L_own) otherwise; S = mean over profiles. Also integration time per
+arrival and the process's peak memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import resource
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+METHODS = ("zenedge", "kmerge", "ties", "dare", "random")
+
+
+@dataclass
+class Profile:
+    name: str
+    adapter_dir: Path
+    eval_path: Path
+    metric: str
+    factors: dict
+    encoded: list = field(default_factory=list)
+    prompts: list = field(default_factory=list)
+    answers: list = field(default_factory=list)
+    base: dict = field(default_factory=dict)
+    own: dict = field(default_factory=dict)
+
+
+def load_profiles(root: Path, examples: int) -> list[Profile]:
+    from zenedge.adapters.lora_tensors import read_lora_factors
+
+    profiles = []
+    for folder in sorted(p for p in root.iterdir() if (p / "adapter" / "adapter_config.json").is_file()):
+        recipe = json.loads((folder / "recipe.json").read_text()) if (folder / "recipe.json").is_file() else {}
+        config = json.loads((folder / "adapter" / "adapter_config.json").read_text())
+        factors = read_lora_factors(folder / "adapter" / "adapter_model.safetensors", config, dtype=torch.float32)
+        profiles.append(Profile(recipe.get("name", folder.name), folder / "adapter", folder / "eval.jsonl",
+                                recipe.get("metric", "loss"), factors))
+    return profiles
+
+
+class Scorer:
+    """Loss and exact match of a variant on a profile's eval set, cached by adapter content."""
+
+    def __init__(self, resident, examples: int):
+        from zenedge.evaluation import encode_examples, load_eval_set
+
+        self.resident = resident
+        self.examples = examples
+        self._encode = lambda path: encode_examples(resident.tokenizer, load_eval_set(path)[:examples], 384)
+        self._cache: dict[tuple[str, str], dict] = {}
+
+    def prepare(self, profile: Profile) -> None:
+        from zenedge.evaluation import load_eval_set
+
+        profile.encoded = self._encode(profile.eval_path)
+        chosen = load_eval_set(profile.eval_path)[: self.examples]
+        profile.prompts = [e.prompt for e in chosen]
+        profile.answers = [e.answer for e in chosen]
+
+    def score(self, profile: Profile, variant, key: str) -> dict:
+        cache_key = (profile.name, key)
+        if cache_key not in self._cache:
+            from zenedge.evaluation import answer_loss
+
+            pad = self.resident.tokenizer.pad_token_id or 0
+            with self.resident.state.using([variant]):
+                loss = answer_loss(self.resident.model, profile.encoded, 16, pad)
+            result = {"loss": loss}
+            if profile.metric == "exact_match":
+                result["accuracy"] = self._accuracy(profile, variant)
+            self._cache[cache_key] = result
+        return self._cache[cache_key]
+
+    def _accuracy(self, profile: Profile, variant) -> float:
+        from zenedge.evaluation import normalize_whitespace
+        from zenedge.runtime.engine import Prompt
+        from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
+
+        longest = max(len(self.resident.tokenizer(a)["input_ids"]) for a in profile.answers)
+        params = SamplingParams(max_tokens=longest + 8)
+        hits = 0
+        for start in range(0, len(profile.prompts), 16):
+            chunk = profile.prompts[start:start + 16]
+            requests = [GenerationRequest(Prompt(messages=[{"role": "user", "content": p}]).encode(self.resident.tokenizer),
+                                          variant, params) for p in chunk]
+            texts = [""] * len(chunk)
+            for deltas in generate(self.resident, requests):
+                for d in deltas:
+                    texts[d.index] += d.text
+            hits += sum(normalize_whitespace(t) == normalize_whitespace(a)
+                        for t, a in zip(texts, profile.answers[start:start + 16]))
+        return hits / len(profile.prompts)
+
+
+def normalised(profile: Profile, served: dict) -> float:
+    from zenedge.quality import retention
+
+    if profile.metric == "exact_match" and profile.own.get("accuracy", 0) > 0:
+        return served["accuracy"] / profile.own["accuracy"]
+    return retention(profile.base["loss"], profile.own["loss"], served["loss"])
+
+
+def content_key(factors: dict) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(factors):
+        digest.update(name.encode())
+        digest.update(factors[name].A.numpy().tobytes())
+        digest.update(factors[name].B.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def simulate(method: str, order: list[Profile], slots: int, seed: int) -> tuple[dict[str, dict | None], list[float]]:
+    """The in-memory baselines: profile name → factors serving it, and seconds per arrival."""
+    from zenedge.merge import lora_cosine, merge
+
+    rng = random.Random(seed)
+    pool: list[dict] = []  # {"factors", "members"}
+    times = []
+    for profile in order:
+        start = time.perf_counter()
+        if len(pool) < slots:
+            pool.append({"factors": profile.factors, "members": [profile.name]})
+        else:
+            if method == "random":
+                target = rng.randrange(len(pool))
+            else:
+                target = max(range(len(pool)), key=lambda i: lora_cosine(profile.factors, pool[i]["factors"]))
+            slot = pool[target]
+            n = len(slot["members"]) + 1
+            if method in ("kmerge", "random"):
+                result = merge("kmerge-linear", [slot["factors"], profile.factors], members_after=n)
+            else:
+                options = {"seed": seed} if method == "dare" else {}
+                result = merge(method, [slot["factors"], profile.factors], weights=[1 - 1 / n, 1 / n], **options)
+            slot["factors"] = result.adapter
+            slot["members"].append(profile.name)
+        times.append(time.perf_counter() - start)
+    serving = {m: slot["factors"] for slot in pool for m in slot["members"]}
+    return serving, times
+
+
+def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: float) -> tuple[dict, list[float], list]:
+    """The real product: a fresh pool, the real policy, the real gate."""
+    from zenedge import bases, config, policy
+    from zenedge.runtime.engine import Engine
+    from zenedge.store import Store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        cfg_path = tmp / "config.toml"
+        cfg_path.write_text(f'[pool]\nmax_adapters = {slots}\nquality_threshold = {threshold}\n'
+                            '[runtime]\ndevice = "cpu"\ndtype = "float32"\n')
+        cfg = config.load(cfg_path)
+        store = Store(tmp / "home")
+        bases.add_hf_dir(store, base_dir, bases.DEFAULT_BASE, aliases=bases.DEFAULT_BASE_ALIASES,
+                         sha256=bases.DEFAULT_BASE_SHA256)
+        engine = Engine(store, cfg)
+        times, actions = [], []
+        for profile in order:
+            start = time.perf_counter()
+            result = policy.import_lora(store, cfg, profile.adapter_dir, profile.name, eval_path=profile.eval_path,
+                                        engine=engine)
+            times.append(time.perf_counter() - start)
+            actions.append({"name": profile.name, "action": result.get("action"),
+                            "merged_with": result.get("merged_with"), "evicted": result.get("evicted")})
+        serving = {}
+        for profile in order:
+            row = store.name(profile.name)
+            if row is None:
+                serving[profile.name] = None
+                continue
+            adapter = store.adapter(row["adapter_id"])
+            variant = engine._load_variant(adapter)
+            serving[profile.name] = (adapter["id"][:16], variant)
+        return serving, times, actions
+
+
+def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot_counts=(2, 3, 4, 5),
+          examples: int = 32, threshold: float = 0.7, methods=METHODS, log=print) -> dict[str, Any]:
+    from zenedge.runtime.variants import lora_variant
+
+    profiles = load_profiles(profiles_dir, examples)
+    scorer = Scorer(resident, examples)
+    for profile in profiles:
+        scorer.prepare(profile)
+        profile.base = scorer.score(profile, None, "base")
+        profile.own = scorer.score(profile, lora_variant("own", profile.factors, resident), "own")
+        log(f"{profile.name}: base {profile.base} own {profile.own}")
+    rows = []
+    for order_index in range(orders):
+        order = profiles[:]
+        random.Random(1000 + order_index).shuffle(order)
+        for slots in slot_counts:
+            for method in methods:
+                if method == "zenedge":
+                    serving, times, actions = run_zenedge(order, slots, base_dir, threshold)
+                    served = {}
+                    for p in profiles:
+                        entry = serving[p.name]
+                        served[p.name] = (scorer.score(p, None, "base") if entry is None
+                                          else scorer.score(p, entry[1], entry[0]))
+                else:
+                    factors, times = simulate(method, order, slots, seed=order_index)
+                    actions = []
+                    served = {p.name: scorer.score(p, lora_variant("m", factors[p.name], resident),
+                                                   content_key(factors[p.name])) for p in profiles}
+                scores = {p.name: normalised(p, served[p.name]) for p in profiles}
+                row = {"order": order_index, "slots": slots, "method": method,
+                       "S": sum(scores.values()) / len(scores), "scores": scores,
+                       "seconds_per_arrival": sum(times) / len(times),
+                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                       "actions": actions}
+                rows.append(row)
+                log(f"order {order_index} K={slots} {method:8s} S={row['S']:.3f} "
+                    f"({row['seconds_per_arrival']:.2f} s/arrival)")
+    return {"profiles": [{"name": p.name, "metric": p.metric, "base": p.base, "own": p.own} for p in profiles],
+            "rows": rows, "threshold": threshold, "examples": examples}
+
+
+def table(result: dict[str, Any]) -> str:
+    """Mean S over orders per (K, method), as a markdown table."""
+    slot_counts = sorted({r["slots"] for r in result["rows"]})
+    methods = [m for m in METHODS if any(r["method"] == m for r in result["rows"])]
+    lines = ["| K | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for k in slot_counts:
+        cells = []
+        for m in methods:
+            values = [r["S"] for r in result["rows"] if r["slots"] == k and r["method"] == m]
+            cells.append(f"{sum(values) / len(values):.3f} (min {min(values):.3f})")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from zenedge import bases, config, paths
+    from zenedge.registry.sources import embedded_root
+    from zenedge.runtime.engine import Engine
+    from zenedge.store import Store
+
+    parser = argparse.ArgumentParser(prog="zenedge bench merge", description=__doc__.splitlines()[0])
+    parser.add_argument("--profiles", type=Path, default=None, help="registry folder (default: the embedded one)")
+    parser.add_argument("--orders", type=int, default=3)
+    parser.add_argument("--slots", default="2,3,4,5")
+    parser.add_argument("--examples", type=int, default=32)
+    parser.add_argument("--threshold", type=float, default=None)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--json", type=Path, default=None, help="write all rows here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cfg = config.load(paths.config_path())
+    store = Store(paths.home())
+    base = bases.ensure_base(store, bases.DEFAULT_BASE, progress=print)
+    engine = Engine(store, cfg)
+    resident = engine.resident(base["name"])
+    result = bench(args.profiles or embedded_root(), store.home / base["dir"], resident, orders=args.orders,
+                   slot_counts=tuple(int(s) for s in args.slots.split(",")), examples=args.examples,
+                   threshold=args.threshold if args.threshold is not None else cfg.get("pool", "quality_threshold"),
+                   methods=tuple(args.methods.split(",")))
+    print()
+    print(table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
