@@ -8,7 +8,7 @@ are never merged (the user asked for them exactly as they are).
 
 from __future__ import annotations
 
-import math
+import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,8 +169,28 @@ class PoolMerger:
         return directory / "adapter_model.safetensors", config, state
 
 
-def finite(value: float) -> float:
-    return value if math.isfinite(value) else 0.0
+    def commit(self, attempt: Attempt, base: str, workdir: Path, *, replaces: list[str], budget: int,
+               max_adapters: int | None = None, newcomer=None, source: str = "merge") -> str:
+        """Store an accepted merge: one transaction that adds it, re-points every member's name
+        (with the quality anchors measured on the way) and deletes the adapters it replaces."""
+        from zenedge.store import NewAdapter, NewName
+
+        weights, config, state = self.write(attempt, base, workdir)
+        one_bit = attempt.merged_path is not None
+        merged = NewAdapter(kind="bitdelta" if one_bit else "merged", base=base, weights=weights,
+                            rank=config.get("r", 0), config=config, state=state,
+                            target_modules=sorted(self.store.adapter(replaces[0])["target_modules"]) if one_bit
+                            else sorted(attempt.state.merged),
+                            origin={"source": source, "members": attempt.members})
+        names = [NewName(name=n, quality=attempt.qualities.get(n) or (self.store.name(n) or {}).get("quality") or {})
+                 for n in attempt.members if newcomer is None or n != newcomer.name]
+        if newcomer is not None:
+            newcomer.quality = attempt.qualities.get(newcomer.name, newcomer.quality)
+            names.append(newcomer)
+        return self.store.put_adapter(
+            merged, names, budget=budget, max_adapters=max_adapters, replaces=replaces, event="merge",
+            merge={"members": json.dumps(attempt.members), "method": state.get("method", "opcm"),
+                   "similarity": attempt.similarity, "retention": json.dumps(attempt.summary()["retention"])})
 
 
 def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, force: bool = False,

@@ -11,13 +11,12 @@ editing the config by hand.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from zenedge.config import Config
-from zenedge.store import NewAdapter, NewName, Store
+from zenedge.store import Store
 
 
 def maintain(store: Store, cfg: Config, engine=None, *, verify: bool = True) -> dict[str, Any]:
@@ -74,17 +73,9 @@ def _merge_until_it_fits(store: Store, cfg: Config, engine) -> list[dict[str, An
             if not attempt.accepted:
                 continue
             with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
-                weights, config, state = merger.write(attempt, source["base"], Path(work))
-                merged = NewAdapter(kind="merged", base=source["base"], weights=weights, rank=config["r"],
-                                    target_modules=sorted(attempt.state.merged), config=config, state=state,
-                                    origin={"source": "maintain", "members": attempt.members})
-                names = [NewName(name=n, quality=attempt.qualities.get(n) or (store.name(n) or {}).get("quality") or {})
-                         for n in attempt.members]
-                store.put_adapter(merged, names, budget=max(cfg.budget, store.used_bytes()),
-                                  replaces=[candidate["id"], source["id"]], event="merge",
-                                  merge={"members": json.dumps(attempt.members), "method": "opcm",
-                                         "similarity": similarity,
-                                         "retention": json.dumps(attempt.summary()["retention"])})
+                # Merging only shrinks the pool, so the commit may not be refused for being over B.
+                merger.commit(attempt, source["base"], Path(work), replaces=[candidate["id"], source["id"]],
+                              budget=max(cfg.budget, store.used_bytes()), source="maintain")
             merges.append(attempt.summary())
             break
     return merges

@@ -8,7 +8,6 @@ request-rate-weighted LRU eviction when the user lowers the budget.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,24 +192,13 @@ def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry:
             entry.quality = incoming.quality
             if not attempt.accepted:
                 continue
-            weights, config, state = merger.write(attempt, adapter.base, Path(work))
-            merged = NewAdapter(kind="bitdelta" if adapter.kind == "bitdelta" else "merged", base=adapter.base,
-                                weights=weights, rank=config.get("r", 0), target_modules=adapter.target_modules
-                                if adapter.kind == "bitdelta" else sorted(attempt.state.merged),
-                                config=config, state=state, origin={"source": "merge", "members": attempt.members})
-            names = [NewName(name=n, quality=attempt.qualities.get(n) or (store.name(n) or {}).get("quality") or {})
-                     for n in attempt.members if n != entry.name]
-            names.append(NewName(name=entry.name, version=entry.version, description=entry.description,
-                                 eval_path=entry.eval_path, quality=incoming.quality, origin=entry.origin))
             try:
-                adapter_id = store.put_adapter(
-                    merged, names, budget=cfg.budget, max_adapters=cfg.get("pool", "max_adapters"),
-                    replaces=[candidate["id"]], event="merge",
-                    merge={"members": json.dumps(attempt.members), "method": state.get("method", "opcm"),
-                           "similarity": similarity, "retention": json.dumps(attempt.summary()["retention"])})
+                adapter_id = merger.commit(attempt, adapter.base, Path(work), replaces=[candidate["id"]],
+                                           budget=cfg.budget, max_adapters=cfg.get("pool", "max_adapters"),
+                                           newcomer=entry)
             except BudgetExceeded:
                 continue  # merged and still too big: try the next candidate, then evict
-        return {"name": entry.name, "adapter_id": adapter_id, "kind": merged.kind,
+        return {"name": entry.name, "adapter_id": adapter_id, "kind": store.adapter(adapter_id)["kind"],
                 "bytes": store.adapter(adapter_id)["bytes"], "action": "merged",
                 "merged_with": [n for n in attempt.members if n != entry.name], "attempts": attempts}
     return None

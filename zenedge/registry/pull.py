@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from zenedge import bases, policy
 from zenedge.config import Config
-from zenedge.errors import BudgetExceeded, InvalidInput, ProfileNotFound, RegistryError
+from zenedge.errors import BudgetExceeded, ProfileNotFound, RegistryError
 from zenedge.names import split_reference
 from zenedge.registry.manifest import IndexEntry, Manifest, version_key
 from zenedge.registry.sources import open_source
