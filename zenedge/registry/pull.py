@@ -105,7 +105,10 @@ def _check_space(store: Store, cfg: Config, manifest: Manifest) -> None:
     policy.check_admission(store, cfg, manifest.name, manifest.size, manifest.kind)
 
 
-def pull(store: Store, cfg: Config, reference: str, *, progress: Progress | None = None) -> dict[str, Any]:
+def pull(store: Store, cfg: Config, reference: str, *, progress: Progress | None = None,
+         engine=None) -> dict[str, Any]:
+    """`engine`: a running Engine (the daemon's) for the quality gate to reuse, instead of loading
+    the base again when the pull has to merge."""
     report = progress or (lambda event: None)
     report({"status": "resolving", "name": reference})
     resolved = resolve(cfg, reference)
@@ -150,11 +153,11 @@ def pull(store: Store, cfg: Config, reference: str, *, progress: Progress | None
             (staging / manifest.file("config").path).replace(lora_dir / "adapter_config.json")
             result = policy.import_lora(
                 store, cfg, lora_dir, manifest.name, base=base["name"], eval_path=eval_path,
-                version=manifest.version, description=manifest.description, origin=origin)
+                version=manifest.version, description=manifest.description, origin=origin, engine=engine)
         else:
             result = policy.import_bitdelta(
                 store, cfg, staging / weights.path, manifest.name, base=base["name"], eval_path=eval_path,
-                version=manifest.version, description=manifest.description, origin=origin)
+                version=manifest.version, description=manifest.description, origin=origin, engine=engine)
     report({"status": "success", "name": manifest.name})
     return _result(store, manifest, result["adapter_id"], policy_result=result)
 
