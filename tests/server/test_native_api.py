@@ -80,8 +80,8 @@ def test_config_edits_take_effect_without_restart(fresh_daemon):
         assert ps["cache_budget_bytes"] == 2**20
         names = eventually(lambda: (n := [m["name"] for m in http.get("/api/list").json()["models"]]) == ["p3"] and n)
         assert names == ["p3"]  # the pinned one survives the lower budget
+        reloads = eventually(lambda: http.get("/api/pool").json()["maintenance"]["config_reloads"])
         daemon.config_path.write_text("[pool]\nbudget = 'not a size'\n")  # a broken edit changes nothing
-        reloads = http.get("/api/pool").json()["maintenance"]["config_reloads"]
         time.sleep(0.6)
         assert http.get("/api/pool").json()["maintenance"]["config_reloads"] == reloads
         assert http.get("/api/ps").json()["scheduler"]["max_queue"] == 5

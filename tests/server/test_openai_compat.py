@@ -74,6 +74,9 @@ def test_sampling_seed_stop_and_token_limits(client):
     cut = client.chat.completions.create(model="p0", messages=MESSAGES, temperature=1.0, seed=3, max_tokens=48,
                                          stop=[stop, "never-there"])
     assert cut.choices[0].finish_reason == "stop" and cut.choices[0].message.content == text[: text.find(stop)]
+    as_string = client.chat.completions.create(model="p0", messages=MESSAGES, temperature=1.0, seed=3, max_tokens=48,
+                                               stop=stop)
+    assert as_string.choices[0].message.content == cut.choices[0].message.content
 
 
 def test_unknown_model_is_a_404_not_a_fallback(client):
