@@ -1,19 +1,23 @@
 """Generation: chat-templated prompts, greedy or sampled decoding of a batch of requests whose rows
 may use different variants, streamed step by step with incremental detokenisation and stop strings.
 
-One forward pass serves the whole batch (left-padded, explicit position ids, transformers' KV
-cache); rows that finish keep a slot until the batch ends, their outputs ignored.
+One forward pass serves the whole batch (left-padded, explicit position ids); rows that finish keep
+a slot until the batch ends, their outputs ignored. The model calls and the KV cache live in
+decode.py (a static, pre-allocated cache by default); this module owns the request semantics.
 """
 
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
 from zenedge.errors import InvalidInput
+from zenedge.runtime.decode import DynamicStepper, left_pad, open_stepper
+from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant
 
@@ -70,13 +74,6 @@ def encode_chat(tokenizer, messages: Sequence[dict]) -> list[int]:
 def encode_text(tokenizer, prompt: str) -> list[int]:
     """A raw completion prompt (no chat template)."""
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-
-
-def cache_argument(model) -> str:
-    """The KV-cache keyword of this transformers version (`cache` since 5.x, `past_key_values` before)."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class _Row:
@@ -140,49 +137,54 @@ class _Row:
         return out
 
 
-def generate(resident: ResidentModel, requests: Sequence[GenerationRequest]) -> Iterator[list[Delta]]:
+def generate(resident: ResidentModel, requests: Sequence[GenerationRequest], *,
+             stepper: str = "auto") -> Iterator[list[Delta]]:
     """Decode a batch; yield, per step, the deltas of the rows still running. Closing the
-    iterator stops generation (a client that goes away costs nothing more)."""
+    iterator stops generation (a client that goes away costs nothing more).
+
+    `stepper`: "auto" (the static cache, CUDA-graphed on a GPU, when the model allows it) or
+    "dynamic" (transformers' own cache: the reference path, kept for tests and comparisons)."""
     if not requests:
         return
-    device, model, tokenizer = resident.device, resident.model, resident.tokenizer
     for request in requests:
         if not request.input_ids:
             raise InvalidInput("empty prompt")
-    rows = [_Row(i, r, tokenizer, resident.eos_ids, device) for i, r in enumerate(requests)]
+    tokenizer = resident.tokenizer
+    rows = [_Row(i, r, tokenizer, resident.eos_ids, resident.device) for i, r in enumerate(requests)]
     pad = tokenizer.pad_token_id
-    width = max(len(r.input_ids) for r in requests)
-    # Left padding: every row's last prompt token sits in the last column.
-    input_ids = torch.full((len(requests), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(requests), width), dtype=torch.long)
-    for i, request in enumerate(requests):
-        input_ids[i, width - len(request.input_ids):] = torch.tensor(request.input_ids)
-        mask[i, width - len(request.input_ids):] = 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = None
-    cache_kw = cache_argument(model)
-    with torch.inference_mode(), resident.state.using([r.variant for r in requests]):
-        step_ids = input_ids
+    input_ids, valid = left_pad([r.input_ids for r in requests], pad)
+    batch = RowVariants.build([r.variant for r in requests], resident.device)
+    max_new = max(r.params.max_tokens for r in requests)
+    if stepper == "dynamic":
+        steppers = nullcontext(DynamicStepper(resident, batch))
+    else:
+        steppers = open_stepper(resident, batch, input_ids.shape[1], max_new)
+    with steppers as model_steps:
+        logits = model_steps.prefill(input_ids, valid)                        # [B, V]
         while True:
-            out = model(input_ids=step_ids, attention_mask=mask, position_ids=positions,
-                        use_cache=True, logits_to_keep=1, **{cache_kw: cache})
-            cache = getattr(out, cache_kw)
-            logits = out.logits[:, -1, :]  # [B, V]
-            deltas, next_ids = [], []
-            for row in rows:
-                if not row.done and row.cancelled is not None and row.cancelled.is_set():
-                    row.done = True
-                    deltas.append(Delta(row.index, "", None, "cancelled"))
-                if row.done:
-                    next_ids.append(pad)
-                    continue
-                delta = row.advance(row.choose(logits[row.index]))
-                deltas.append(delta)
-                next_ids.append(delta.token_id if not row.done else pad)
+            deltas, next_ids = _advance(rows, logits, pad)
             yield deltas
             if all(row.done for row in rows):
                 return
-            step_ids = torch.tensor(next_ids, device=device).unsqueeze(1)
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=device)], dim=1)
-            positions = positions[:, -1:] + 1
+            logits = model_steps.step(next_ids)
+
+
+def _advance(rows: list[_Row], logits: torch.Tensor, pad: int) -> tuple[list[Delta], list[int]]:
+    """Pick each running row's token (one argmax and one host sync for all greedy rows), update
+    its text, and return the step's deltas and the next input ids (pads for finished rows)."""
+    greedy = None
+    if any(not row.done and row.generator is None for row in rows):
+        greedy = logits.argmax(dim=-1).tolist()
+    deltas, next_ids = [], []
+    for row in rows:
+        if not row.done and row.cancelled is not None and row.cancelled.is_set():
+            row.done = True
+            deltas.append(Delta(row.index, "", None, "cancelled"))
+        if row.done:
+            next_ids.append(pad)
+            continue
+        token = greedy[row.index] if row.generator is None else row.choose(logits[row.index])
+        delta = row.advance(token)
+        deltas.append(delta)
+        next_ids.append(delta.token_id if not row.done else pad)
+    return deltas, next_ids

@@ -8,11 +8,13 @@ object, so one forward serves a mixed batch.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from zenedge.merge.factors import LoraFactors
@@ -56,60 +58,80 @@ class VariantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, T, in] during generation: batch rows are requests, each with its own variant.
+        base = self.base
         batch = self.state.current
         if batch is None or not batch.groups:
-            return self.base(x)
+            return F.linear(x, base.weight, base.bias)   # the functional call skips nn.Module dispatch
         if batch.uniform is not None:  # one variant for the whole batch: no gathers
             module = batch.uniform.modules.get(self.name)
             if module is None:
-                return self.base(x)
+                return F.linear(x, base.weight, base.bias)
             if isinstance(module, BitDeltaModule):
                 return self._bitdelta(x, module)
-            return self.base(x) + self._lora(x, module)
-        y = self.base(x)
+            y = F.linear(x, base.weight, base.bias)
+            self._add_lora(y, x, module)
+            return y
+        y = F.linear(x, base.weight, base.bias)
         for variant, idx in batch.groups:
             module = variant.modules.get(self.name)
             if module is None:
                 continue
             rows = x.index_select(0, idx)
             if isinstance(module, LoraFactors):
-                y.index_add_(0, idx, self._lora(rows, module))
+                y.index_add_(0, idx, (rows @ module.A.t()) @ module.B.t(), alpha=module.scale)
             else:  # BitDelta rows: the fused path gives base + delta, replacing the base rows
                 y.index_copy_(0, idx, self._bitdelta(rows, module))
         return y
 
     @staticmethod
-    def _lora(x: torch.Tensor, module: LoraFactors) -> torch.Tensor:
-        # Low rank first: [*, in]·Aᵀ → [*, r] is tiny, so the delta costs ~2·r·(in+out) per token.
-        return (x @ module.A.t()) @ module.B.t() * module.scale
+    def _add_lora(y: torch.Tensor, x: torch.Tensor, module: LoraFactors) -> None:
+        """y += scale·(x·Aᵀ)·Bᵀ in place. Low rank first: [*, in]·Aᵀ → [*, r] is tiny, so the delta
+        costs ~2·r·(in+out) per token; addmm_ fuses the second product, the scale and the add."""
+        low = x.reshape(-1, x.shape[-1]) @ module.A.t()                     # [N, r]
+        y.view(-1, y.shape[-1]).addmm_(low, module.B.t(), alpha=module.scale)
 
     def _bitdelta(self, x: torch.Tensor, module: BitDeltaModule) -> torch.Tensor:
         """x·(W + α⊙S)ᵀ + b through the fused kernel (CUDA) or the CPU path, never materialising
-        W+α⊙S, unless the cache holds a reconstructed dense weight for this hot variant."""
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        if module.dense is not None:
-            out = torch.nn.functional.linear(flat, module.dense, self.base.bias)
-        else:
-            from zenedge.kernels import bitdelta_linear
+        W+α⊙S, unless the cache holds a reconstructed dense weight for this hot variant (then
+        this reads exactly what the base reads)."""
+        dense = module.dense
+        if dense is not None:
+            return F.linear(x, dense, self.base.bias)
+        from zenedge.kernels import bitdelta_linear
 
-            out = bitdelta_linear(flat, self.base.weight, module.packed, module.alpha, self.base.bias)
+        shape = x.shape
+        out = bitdelta_linear(x.reshape(-1, shape[-1]), self.base.weight, module.packed, module.alpha, self.base.bias)
         return out.reshape(*shape[:-1], out.shape[-1])
 
 
 class VariantState:
-    """Shared by every VariantLinear of one model: the batch's per-row variants."""
+    """Shared by every VariantLinear of one model: the batch's per-row variants. The selection is
+    per thread, so two threads running batches on one resident never see each other's rows."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.current: RowVariants | None = None
+        self._local = threading.local()
+
+    @property
+    def current(self) -> RowVariants | None:
+        return getattr(self._local, "batch", None)
+
+    @current.setter
+    def current(self, batch: RowVariants | None) -> None:
+        self._local.batch = batch
 
     @contextmanager
     def using(self, rows: Sequence[Variant | None]) -> Iterator[RowVariants]:
+        with self.applied(RowVariants.build(rows, self.device)) as batch:
+            yield batch
+
+    @contextmanager
+    def applied(self, batch: RowVariants) -> Iterator[RowVariants]:
+        """Apply an already grouped batch (the decode loop groups once per request, not per token)."""
         previous = self.current
-        self.current = RowVariants.build(rows, self.device)
+        self.current = batch
         try:
-            yield self.current
+            yield batch
         finally:
             self.current = previous
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from zenedge.runtime.layers import VariantState, patch_model
+from zenedge.runtime.static_cache import KVCachePool
 
 
 @dataclass
@@ -22,6 +23,12 @@ class ResidentModel:
     dtype: torch.dtype
     load_seconds: float
     eos_ids: tuple[int, ...]
+    kv_pool: KVCachePool | None = None   # static KV caches reused across requests (decode.py)
+    graphs: bool = True                  # capture the decode step in a CUDA graph (CUDA only)
+
+    def __post_init__(self):
+        if self.kv_pool is None:
+            self.kv_pool = KVCachePool.for_model(self.model, self.dtype, self.device)
 
     @property
     def target_modules(self) -> list[str]:
