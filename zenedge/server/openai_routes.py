@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
@@ -67,23 +68,12 @@ def router(state: DaemonState) -> APIRouter:
         ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         job, prompt_tokens = await submit(request, body.model, prompt, params)
         if body.stream:
-            def chunk(choices: list, used: wire.Usage | None = None) -> dict:
-                return wire.ChatCompletionChunk(id=ident, created=created, model=body.model, choices=choices,
-                                                usage=used).model_dump(exclude_none=True)
-
-            def piece(text: str | None, reason: str | None, role: str | None = None) -> list:
-                delta = wire.ChunkDelta(role=role, content=text)
-                return [wire.ChunkChoice(index=0, delta=delta, finish_reason=reason)]
-
-            first = chunk(piece("", None, role="assistant"))
-            events = _stream(job, prompt_tokens, _include_usage(body), first,
-                             text=lambda t: chunk(piece(t, None)), end=lambda r: chunk(piece(None, r)),
-                             final=lambda u: chunk([], u))
+            events = _stream(job, prompt_tokens, _include_usage(body), ChatFraming(ident, created, body.model))
             return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
         outcome = await streaming.collect(request, job, prompt_tokens)
-        message = wire.AssistantMessage(content=outcome.text)
-        return wire.ChatCompletion(id=ident, created=created, model=body.model,
-                                   choices=[wire.ChatChoice(index=0, message=message, finish_reason=outcome.finish_reason)],
+        choice = wire.ChatChoice(index=0, message=wire.AssistantMessage(content=outcome.text),
+                                 finish_reason=outcome.finish_reason)
+        return wire.ChatCompletion(id=ident, created=created, model=body.model, choices=[choice],
                                    usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
 
     @api.post("/completions", response_model=wire.Completion, responses=stream_doc("Completion"))
@@ -92,20 +82,12 @@ def router(state: DaemonState) -> APIRouter:
         prompt = Prompt(text=body.prompt if isinstance(body.prompt, str) else body.prompt[0])
         ident, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
         job, prompt_tokens = await submit(request, body.model, prompt, params)
-
-        def completion(text: str, reason: str | None, used: wire.Usage | None = None, choices: bool = True) -> dict:
-            picked = [wire.CompletionChoice(index=0, text=text, finish_reason=reason)] if choices else []
-            return wire.Completion(id=ident, created=created, model=body.model, choices=picked,
-                                   usage=used).model_dump(exclude_none=True)
-
         if body.stream:
-            events = _stream(job, prompt_tokens, _include_usage(body), None, text=lambda t: completion(t, None),
-                             end=lambda r: completion("", r), final=lambda u: completion("", None, u, choices=False))
+            events = _stream(job, prompt_tokens, _include_usage(body), CompletionFraming(ident, created, body.model))
             return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
         outcome = await streaming.collect(request, job, prompt_tokens)
-        return wire.Completion(id=ident, created=created, model=body.model,
-                               choices=[wire.CompletionChoice(index=0, text=outcome.text,
-                                                              finish_reason=outcome.finish_reason)],
+        choice = wire.CompletionChoice(index=0, text=outcome.text, finish_reason=outcome.finish_reason)
+        return wire.Completion(id=ident, created=created, model=body.model, choices=[choice],
                                usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
 
     return api
@@ -115,23 +97,75 @@ def _include_usage(body: wire.SamplingFields) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
-async def _stream(job: Job, prompt_tokens: int, include_usage: bool, first: dict | None, *,
-                  text: Callable[[str], dict], end: Callable[[str], dict],
-                  final: Callable[[wire.Usage], dict]) -> AsyncIterator[bytes]:
+@dataclass
+class ChatFraming:
+    """The chunks of a streamed chat completion, as OpenAI shapes them."""
+
+    ident: str
+    created: int
+    model: str
+
+    def _chunk(self, choices: list[wire.ChunkChoice], used: wire.Usage | None = None) -> dict:
+        return wire.ChatCompletionChunk(id=self.ident, created=self.created, model=self.model, choices=choices,
+                                        usage=used).model_dump(exclude_none=True)
+
+    def _choice(self, content: str | None, reason: str | None = None, role: str | None = None) -> list:
+        return [wire.ChunkChoice(index=0, delta=wire.ChunkDelta(role=role, content=content), finish_reason=reason)]
+
+    def opening(self) -> dict | None:
+        return self._chunk(self._choice("", role="assistant"))
+
+    def text(self, text: str) -> dict:
+        return self._chunk(self._choice(text))
+
+    def end(self, reason: str) -> dict:
+        return self._chunk(self._choice(None, reason))
+
+    def usage(self, used: wire.Usage) -> dict:
+        return self._chunk([], used)
+
+
+@dataclass
+class CompletionFraming:
+    """The chunks of a streamed text completion."""
+
+    ident: str
+    created: int
+    model: str
+
+    def _chunk(self, choices: list[wire.CompletionChoice], used: wire.Usage | None = None) -> dict:
+        return wire.Completion(id=self.ident, created=self.created, model=self.model, choices=choices,
+                               usage=used).model_dump(exclude_none=True)
+
+    def opening(self) -> dict | None:
+        return None
+
+    def text(self, text: str) -> dict:
+        return self._chunk([wire.CompletionChoice(index=0, text=text)])
+
+    def end(self, reason: str) -> dict:
+        return self._chunk([wire.CompletionChoice(index=0, text="", finish_reason=reason)])
+
+    def usage(self, used: wire.Usage) -> dict:
+        return self._chunk([], used)
+
+
+async def _stream(job: Job, prompt_tokens: int, include_usage: bool,
+                  framing: ChatFraming | CompletionFraming) -> AsyncIterator[bytes]:
     """SSE for one job: an optional opening chunk, one chunk per piece of text, a chunk with the
     finish reason, the usage chunk if asked, then [DONE]. A failure mid-stream is one error event."""
     tokens = 0
     try:
-        if first is not None:
-            yield streaming.sse(first)
+        if (opening := framing.opening()) is not None:
+            yield streaming.sse(opening)
         async for delta in streaming.deltas(job):
             tokens += delta.token_id is not None
             if delta.text:
-                yield streaming.sse(text(delta.text))
+                yield streaming.sse(framing.text(delta.text))
             if delta.finish_reason:
-                yield streaming.sse(end(delta.finish_reason))
+                yield streaming.sse(framing.end(delta.finish_reason))
         if include_usage:
-            yield streaming.sse(final(usage(prompt_tokens, tokens)))
+            yield streaming.sse(framing.usage(usage(prompt_tokens, tokens)))
     except streaming.ClientGone:
         return
     except Exception as exc:
