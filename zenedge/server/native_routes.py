@@ -75,7 +75,7 @@ def router(state: DaemonState, maintenance: Maintenance) -> APIRouter:
     async def pull(body: wire.PullRequest):
         pull_fn = optional("zenedge.registry.pull", "pull", "pulling from a registry")
         if not body.stream:
-            result = await run_in_threadpool(pull_fn, state.store, state.cfg, body.name)
+            result = await run_in_threadpool(lambda: pull_fn(state.store, state.cfg, body.name, engine=state.engine))
             await run_in_threadpool(state.sync_cache)
             return result
         return await _streamed_pull(state, pull_fn, body.name)
@@ -95,7 +95,9 @@ async def _streamed_pull(state: DaemonState, pull_fn, name: str):
 
     def run() -> None:
         try:
-            result = pull_fn(state.store, state.cfg, name, progress=progress)
+            # The daemon's engine: a merge's quality gate reuses the resident base instead of loading
+            # another copy (the runtime keeps each thread's batch apart).
+            result = pull_fn(state.store, state.cfg, name, progress=progress, engine=state.engine)
             state.sync_cache()
             loop.call_soon_threadsafe(events.put_nowait, ("done", dict(result)))
         except BaseException as exc:
