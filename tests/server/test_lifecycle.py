@@ -21,7 +21,7 @@ def stream_lines(client, body):
 
 def test_serve_lifecycle(tmp_path, tiny_base_dir):
     home, config_path = make_home(tmp_path, tiny_base_dir)
-    first = ProcessDaemon.start(home, config_path)
+    first = ProcessDaemon.start(home, config_path, "--config-poll", "0")  # config changes: SIGHUP only
     try:
         assert stat.S_IMODE(first.socket.stat().st_mode) == 0o600
         with first.tcp() as http:
@@ -33,6 +33,8 @@ def test_serve_lifecycle(tmp_path, tiny_base_dir):
             f"error: a zenedge daemon is already running for this home (pid {first.process.pid}, socket {first.socket})"]
 
         write_config(config_path, {"runtime": {"device": "cpu", "dtype": "float32"}, "server": {"max_queue": 7}})
+        with first.uds() as http:
+            assert http.get("/api/ps").json()["scheduler"]["max_queue"] == 64  # not watched: unchanged
         first.signal(signal.SIGHUP)
         with first.uds() as http:
             deadline = time.monotonic() + 30

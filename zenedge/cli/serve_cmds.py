@@ -16,9 +16,12 @@ from zenedge.sizes import format_size
 @click.option("--allow-remote", is_flag=True, help="Allow a non-loopback --tcp address (the token is still required).")
 @click.option("--grace", type=float, default=10.0, show_default=True,
               help="Seconds in-flight requests get to finish on SIGTERM/SIGINT.")
+@click.option("--config-poll", type=float, default=2.0, show_default=True,
+              help="Seconds between checks of the config file for edits (0: reload on SIGHUP only).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def serve(socket_path: str | None, tcp: str | None, allow_remote: bool, grace: float, log_level: str) -> None:
+def serve(socket_path: str | None, tcp: str | None, allow_remote: bool, grace: float, config_poll: float,
+          log_level: str) -> None:
     """Run the daemon: OpenAI-compatible /v1 and native /api over a Unix socket (and optional TCP)."""
     import logging
 
@@ -26,7 +29,7 @@ def serve(socket_path: str | None, tcp: str | None, allow_remote: bool, grace: f
 
     cfg = load_config()
     settings = settings_mod.resolve(cfg, socket=socket_path, tcp=tcp, allow_remote=allow_remote,
-                                    grace_seconds=grace)
+                                    grace_seconds=grace, config_poll_seconds=config_poll)
     # Claim the home before paying for torch and FastAPI: a second daemon is refused in milliseconds.
     claim = instance.claim(settings.home, settings.socket)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -65,9 +65,10 @@ class Maintenance:
     async def run(self) -> None:
         """The background loop (cancelled at shutdown)."""
         next_run = time.monotonic() + self.state.cfg.get("pool", "maintain_interval")
+        poll = self.state.settings.config_poll_seconds  # 0: no watching, SIGHUP only
         while True:
-            await asyncio.sleep(self.state.settings.config_poll_seconds)
-            if _signature(self.path) != self.seen:
+            await asyncio.sleep(poll if poll > 0 else 1.0)
+            if poll > 0 and _signature(self.path) != self.seen:
                 await self.reload()
             interval = self.state.cfg.get("pool", "maintain_interval")
             if interval > 0 and time.monotonic() >= next_run and not self.running:

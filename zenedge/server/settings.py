@@ -83,7 +83,7 @@ def load_or_create_token(home: Path) -> tuple[str, str]:
 
 
 def resolve(cfg: Config, *, socket: str | None = None, tcp: str | None = None, allow_remote: bool = False,
-            grace_seconds: float = 10.0) -> Settings:
+            grace_seconds: float = 10.0, config_poll_seconds: float = 2.0) -> Settings:
     home = paths.home()
     configured = socket if socket is not None else cfg.get("server", "socket")
     choice = discovery.choose_socket(configured, paths.runtime_dir(), home)
@@ -96,4 +96,5 @@ def resolve(cfg: Config, *, socket: str | None = None, tcp: str | None = None, a
     return Settings(home=home, config_path=cfg.path, socket=choice.path,
                     socket_is_default=not configured or choice.note is not None,
                     notes=(choice.note,) if choice.note else (), tcp=address, allow_remote=allow_remote,
-                    token=token, token_source=source, grace_seconds=grace_seconds)
+                    token=token, token_source=source, grace_seconds=grace_seconds,
+                    config_poll_seconds=config_poll_seconds)
