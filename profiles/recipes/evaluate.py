@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -92,7 +93,10 @@ def main(argv: list[str] | None = None) -> None:
         targets = CROSS.get(name, []) if args.cross else [name]
         model = load_profile_model(name, args.base, args.finetunes)
         for target in targets:
-            entry = results.setdefault(target, {})
+            digest = hashlib.sha256((PROFILES / target / "eval.jsonl").read_bytes()).hexdigest()
+            if results.get(target, {}).get("eval_sha256") != digest:  # new eval set: old numbers are void
+                results[target] = {"eval_sha256": digest}
+            entry = results[target]
             if "base" not in entry:  # the base's score on a set never changes: measure it once
                 entry["base"] = score(load_profile_model("base", args.base, args.finetunes),
                                       tokenizer, target, args.batch)

@@ -63,12 +63,23 @@ def quality_table(cards: dict[str, dict], quality: dict) -> str:
 def cross_table(quality: dict) -> str:
     rows = ["| adapter | on eval set of | loss: base / this adapter / the set's own profile | "
             "exact match: base / this adapter / own |", "|---|---|---|---|"]
-    for target in sorted(quality):
+    for target in sorted(t for t in quality if not t.startswith("_")):
         entry = quality[target]
         for adapter, measured in sorted(entry.get("cross", {}).items()):
             own = entry.get("profile", {})
             rows.append(f"| `{adapter}` | `{target}` | {_fmt(entry['base']['loss'])} / {_fmt(measured['loss'])} / "
                         f"{_fmt(own.get('loss'))} | {_em(entry['base'])} / {_em(measured)} / {_em(own)} |")
+    return "\n".join(rows)
+
+
+def similarity_table(quality: dict) -> str:
+    matrix = quality.get("_similarity", {})
+    if not matrix:
+        return "not measured (run `python -m profiles.recipes.similarity`)"
+    names = sorted(matrix)
+    rows = ["| | " + " | ".join(f"`{n}`" for n in names) + " |", "|---|" + "---:|" * len(names)]
+    for a in names:
+        rows.append(f"| `{a}` | " + " | ".join("–" if a == b else f"{matrix[a][b]:+.3f}" for b in names) + " |")
     return "\n".join(rows)
 
 
@@ -86,6 +97,7 @@ def render() -> str:
         "### Training (this machine: 2 shared CPU cores, bf16 autocast)", training_table(cards),
         "### Quality on each profile's own held-out eval set", quality_table(cards, quality),
         "### Cross evaluation (adapters on related and unrelated eval sets)", cross_table(quality),
+        "### Adapter similarity (K-Merge cosine of ΔW = B·A, mean over modules)", similarity_table(quality),
         "### Training commands (from each recipe.json)", reproduce_block(cards),
     ])
 

@@ -21,11 +21,11 @@ from decimal import Decimal
 def arith(rng: random.Random) -> dict[str, str]:
     """Exact integer arithmetic with + - * and the usual precedence: "Compute 37 + 8 * 6."."""
     shape = rng.choice(["a+b", "a-b", "a*b", "a+b*c", "a*b-c", "a-b+c"])
-    a, b, c = rng.randint(2, 999), rng.randint(2, 999), rng.randint(2, 999)
-    if "*" in shape:  # keep products in a range a small model can learn
-        b = rng.randint(2, 19)
-    if shape == "a*b":
-        a = rng.randint(2, 99)
+    # Two-digit operands and one-digit multipliers: with three-digit operands a 135M model
+    # trained for 200 steps only guesses the magnitude (measured: 7% exact match).
+    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 99)
+    if "*" in shape:
+        b = rng.randint(2, 9)
     expr = shape.replace("a", str(a)).replace("b", str(b)).replace("c", str(c))
     expr = expr.replace("+", " + ").replace("-", " - ").replace("*", " * ")
     value = eval(expr, {"__builtins__": {}})  # noqa: S307 - expr is built above from ints only
