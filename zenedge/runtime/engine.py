@@ -11,6 +11,7 @@ from zenedge import bases
 from zenedge.config import Config
 from zenedge.errors import InvalidInput
 from zenedge.runtime.cache import DeltaCache
+from zenedge.runtime.dense_bitdelta import DenseBitDeltas
 from zenedge.runtime.device import pick_device, pick_dtype
 from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, encode_chat, encode_text, generate
 from zenedge.runtime.model import ResidentModel, load_resident
@@ -50,6 +51,7 @@ class Engine:
         self.device = pick_device(cfg.get("runtime", "device"))
         self.dtype = pick_dtype(cfg.get("runtime", "dtype"), self.device)
         self.cache = DeltaCache(cfg.get("runtime", "cache_budget"), set(cfg.get("runtime", "pinned")))
+        self.dense = DenseBitDeltas(self.cache)
         self.router = Router(store)
         self.progress = progress
         self._residents: dict[str, ResidentModel] = {}
@@ -68,7 +70,8 @@ class Engine:
         if route.adapter is None:
             return None
         adapter = route.adapter
-        return self.cache.get(adapter["id"], lambda: self._load_variant(adapter), name=route.name)
+        variant = self.cache.get(adapter["id"], lambda: self._load_variant(adapter), name=route.name)
+        return self.dense.prepare(variant, self.resident(route.base).model)   # hot BitDelta on CPU: dense weights
 
     def _load_variant(self, adapter: dict[str, Any]) -> Variant:
         path = self.store.blob_path(adapter["sha256"])

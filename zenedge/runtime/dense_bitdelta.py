@@ -1,0 +1,138 @@
+"""Hot BitDelta variants on CPU: reconstructed dense weights W + α⊙S, inside the delta cache's budget.
+
+On CPU the memory-bounded BitDelta path (kernels/cpu.py: x·Wᵀ plus sign products through byte
+lookup tables) costs several times a plain linear per decoded token, while rebuilding a whole
+135M-parameter variant's weights once takes well under a second. So a variant that is being
+served gets its dense weights as soon as the budget has room, and then decodes exactly at the
+base's speed (one F.linear over a weight of the base's shape and dtype).
+
+Budget: the dense copy is charged to the variant itself (`variant.nbytes` grows by the dense
+bytes), so the DeltaCache's one byte budget (`runtime.cache_budget`) covers packed deltas, LoRA
+factors and dense copies alike, and its rate-weighted eviction sees what each entry really costs.
+A variant is densified only into headroom; to make headroom, dense copies of variants with a
+lower request rate are dropped first (they fall back to the packed path, they are not evicted).
+Variants that never fit stay on the packed path: that is the "cold" path.
+
+On CUDA nothing is densified: the fused Triton kernel already reads ~1.06× the base's bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+from zenedge.runtime.cache import DeltaCache
+from zenedge.runtime.variants import BitDeltaModule, Variant
+
+
+def dense_nbytes(variant: Variant, model: torch.nn.Module) -> int:
+    """Bytes the dense copies of `variant` take: one base-shaped weight per delta module."""
+    total = 0
+    for name in variant.modules:
+        weight = _base_weight(model, name)
+        total += weight.numel() * weight.element_size()
+    return total
+
+
+def _base_weight(model: torch.nn.Module, name: str) -> torch.Tensor:
+    module = model.get_submodule(name)
+    return getattr(module, "base", module).weight   # a VariantLinear wraps the base nn.Linear
+
+
+def densify(variant: Variant, model: torch.nn.Module) -> None:
+    """Give every module of a BitDelta variant its dense W + α⊙S (built in fp32, rounded once)."""
+    from zenedge.kernels.cpu import reconstruct_weight
+
+    for name, module in variant.modules.items():
+        if isinstance(module, BitDeltaModule) and module.dense is None:
+            weight = _base_weight(model, name)
+            module.dense = reconstruct_weight(weight, module.packed, module.alpha, dtype=weight.dtype)
+
+
+def undensify(variant: Variant) -> None:
+    for module in variant.modules.values():
+        if isinstance(module, BitDeltaModule):
+            module.dense = None
+
+
+class DenseBitDeltas:
+    """Which cached BitDelta variants hold dense weights; one per Engine, next to its DeltaCache."""
+
+    def __init__(self, cache: DeltaCache):
+        self.cache = cache
+        self._lock = threading.Lock()
+        # key → (weak reference to the densified Variant, bytes charged to it)
+        self._dense: dict[str, tuple[weakref.ref, int]] = {}
+        self.densified = 0   # counters for ps/tests
+        self.dropped = 0
+
+    def prepare(self, variant: Variant | None, model: torch.nn.Module) -> Variant | None:
+        """Called per request with the cached variant: densify it when it is a BitDelta variant on
+        CPU and the budget has (or can make) room. Returns the variant, dense or not."""
+        if variant is None or not variant.is_bitdelta or _device_of(model).type != "cpu":
+            return variant
+        with self._lock:
+            self._forget_evicted()
+            if self._is_dense(variant):
+                return variant
+            extra = dense_nbytes(variant, model)
+            if not self._make_room(extra, variant.key):
+                return variant                       # cold: the memory-bounded packed path
+            densify(variant, model)
+            variant.nbytes += extra                  # charged to the variant: the cache sees it
+            self._dense[variant.key] = (weakref.ref(variant), extra)
+            self.densified += 1
+        return variant
+
+    def dense_keys(self) -> list[str]:
+        with self._lock:
+            self._forget_evicted()
+            return sorted(self._dense)
+
+    def drop_all(self) -> None:
+        """Give the dense copies back (memory pressure, a budget change); variants stay cached."""
+        with self._lock:
+            for key in list(self._dense):
+                self._drop(key)
+
+    # -- internals (lock held) -----------------------------------------------------------------
+    def _is_dense(self, variant: Variant) -> bool:
+        ref = self._dense.get(variant.key)
+        return ref is not None and ref[0]() is variant
+
+    def _forget_evicted(self) -> None:
+        """The cache evicted (or replaced) some variants: their dense copies go with them, freed
+        when the last request using them ends (a running request keeps its numerics)."""
+        for key, (ref, _) in list(self._dense.items()):
+            if ref() is None or key not in self.cache:
+                del self._dense[key]
+
+    def _make_room(self, extra: int, key: str) -> bool:
+        headroom = self.cache.budget - self.cache.used_bytes
+        if headroom >= extra:
+            return True
+        rates = {entry["key"]: entry["rate"] for entry in self.cache.snapshot()}
+        mine = rates.get(key, 0.0)
+        for other in sorted(self._dense, key=lambda k: rates.get(k, 0.0)):
+            if rates.get(other, 0.0) > mine:        # never demote a hotter variant for a colder one
+                break
+            headroom += self._drop(other)
+            if headroom >= extra:
+                return True
+        return False
+
+    def _drop(self, key: str) -> int:
+        ref, extra = self._dense.pop(key)
+        variant = ref()
+        if variant is None:
+            return 0
+        undensify(variant)
+        variant.nbytes -= extra
+        self.dropped += 1
+        return extra
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
