@@ -64,3 +64,15 @@ def test_cli_budget_set_rejects_bad_size(tmp_path):
     result = run_cli("budget", "set", "a lot")
     assert result.returncode == 2
     assert "invalid size" in result.stderr
+
+
+def test_two_homes_never_share_a_default_socket_dir(tmp_path, monkeypatch):
+    from zenedge import paths
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("ZENEDGE_HOME", str(tmp_path / "a"))
+    first = paths.runtime_dir()
+    monkeypatch.setenv("ZENEDGE_HOME", str(tmp_path / "b"))
+    assert paths.runtime_dir() != first and first.parent == tmp_path / "zenedge"
+    monkeypatch.delenv("ZENEDGE_HOME")
+    assert paths.runtime_dir() == tmp_path / "zenedge"

@@ -7,6 +7,7 @@ ZENEDGE_TOKEN   bearer token for the TCP listener  default: a generated 0600 fil
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -26,9 +27,16 @@ def config_path() -> Path:
 
 
 def runtime_dir() -> Path:
-    """A private per-user directory for the daemon's socket (XDG_RUNTIME_DIR where there is one)."""
+    """A private per-user directory for the daemon's socket (XDG_RUNTIME_DIR where there is one).
+
+    The default home's daemon lives at <XDG_RUNTIME_DIR>/zenedge (what desktop apps look for); a
+    home set with ZENEDGE_HOME gets a subdirectory of its own, so two pools never share a socket.
+    """
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and Path(base).is_dir():
+        if os.environ.get("ZENEDGE_HOME"):
+            digest = hashlib.sha256(str(home().resolve()).encode()).hexdigest()[:12]
+            return Path(base) / APP / digest
         return Path(base) / APP
     # No session runtime dir (containers, macOS): keep the socket inside the home, which is ours.
     return home() / "run"
