@@ -61,6 +61,17 @@ def test_static_loop_equals_reference_for_one_variant(engine, variants, name):
     assert run(resident, requests, "auto") == run(resident, requests, "dynamic")
 
 
+def test_fixed_shape_steps_equal_the_reference(engine, variants):
+    """The eager form of what a CUDA graph captures (whole buffers, device-side mask and
+    positions), checked on CPU: same tokens as the reference."""
+    resident = engine.resident("tiny")
+    names = ["lora-a", "tiny", "delta", "lora-b"]
+    requests = [GenerationRequest(encode(engine, PROMPTS[i]), variants[n], SamplingParams(max_tokens=9 + i))
+                for i, n in enumerate(names)]
+    assert run(resident, requests, "fixed") == run(resident, requests, "dynamic")
+    assert resident.kv_pool._idle[True].full_views
+
+
 def test_sampling_stop_strings_and_seeds_match_the_reference(engine, variants):
     resident = engine.resident("tiny")
     full = run(resident, [GenerationRequest(encode(engine, "hi"), None, SamplingParams(max_tokens=24, temperature=1.0, seed=7))],

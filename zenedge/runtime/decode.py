@@ -5,8 +5,9 @@ owns the model calls and the KV cache. Three steppers, one interface:
 
 - `StaticStepper` (default): the pre-allocated `StaticKVCache`, reused across requests; ready-made
   4-D masks; nothing allocated or concatenated per token except the model's own activations.
-- `GraphedStepper` (CUDA only): the static stepper in fixed-shape mode with the decode step
-  captured once per request in a CUDA graph and replayed for every later token.
+- `FixedShapeStepper`: the static cache in fixed-shape mode (whole buffers, a mask opened on the
+  device); `GraphedStepper` (CUDA only) captures its decode step once per request in a CUDA
+  graph and replays it for every later token.
 - `DynamicStepper`: transformers' own cache and a growing 2-D mask. The reference the others are
   tested against, and the fallback for attention layouts the static cache does not model
   (sliding windows, hybrid layers, kernels that ignore 4-D masks).
@@ -157,19 +158,16 @@ class StaticStepper:
         return logits
 
 
-class GraphedStepper(StaticStepper):
-    """GPU ONLY. The decode step in a CUDA graph: fixed shapes (full-capacity cache views, a mask
-    opened column by column on the device), no host syncs inside. The first step runs eagerly
-    (it warms up autotuners and allocators), the second is captured and replayed for the rest.
-    Any failure to capture falls back to eager steps for the rest of the request."""
+class FixedShapeStepper(StaticStepper):
+    """Every decode step has the same shapes and tensor addresses: the cache returns whole buffers,
+    the mask is opened one column per step on the device, positions advance on the device and the
+    input ids are copied into one static tensor. Eager here (and testable on CPU); what the CUDA
+    graph below captures."""
 
     def __init__(self, resident: ResidentModel, batch: RowVariants, cache):
-        if resident.device.type != "cuda" or not cache.full_views:
-            raise ValueError("GraphedStepper needs a CUDA resident and a full-views cache")
+        if not cache.full_views:
+            raise ValueError("a fixed-shape stepper needs a full-views cache")
         super().__init__(resident, batch, cache)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.failed = False
-        self.steps = 0
 
     @torch.inference_mode()
     def prefill(self, input_ids, valid):
@@ -178,7 +176,8 @@ class GraphedStepper(StaticStepper):
         return logits
 
     def _body(self) -> torch.Tensor:
-        """Everything one token does on the device; advances the device-side positions itself."""
+        """Everything one token does on the device, host-sync free; advances the device-side
+        write position and positions itself."""
         cache = self.cache
         cache.open_next_column()
         self.positions += 1
@@ -190,24 +189,43 @@ class GraphedStepper(StaticStepper):
     def step(self, next_ids):
         cache = self.cache
         if cache.length + 1 > cache.capacity:
-            raise RuntimeError("the graphed cache is sized for the whole request up front")
+            raise RuntimeError("a fixed-shape cache is sized for the whole request up front")
         self.ids.copy_(torch.tensor(next_ids).view(-1, 1), non_blocking=True)
+        logits = self._run_body()
+        cache.length += 1                      # host mirror of write_position (the device moved that)
+        return logits
+
+    def _run_body(self) -> torch.Tensor:
+        return self._body()
+
+
+class GraphedStepper(FixedShapeStepper):
+    """GPU ONLY. The fixed-shape decode step captured in a CUDA graph. The first step runs eagerly
+    on a side stream (it warms up autotuners, workspaces and allocators, as capture requires), the
+    second is captured and replayed, and every later step is one replay. Any failure to capture
+    falls back to eager steps for the rest of the request. The graph lives for one request: it
+    bakes in this batch's variants, rows and cache buffers."""
+
+    def __init__(self, resident: ResidentModel, batch: RowVariants, cache):
+        if resident.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA resident")
+        super().__init__(resident, batch, cache)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.failed = False
+        self.steps = 0
+
+    def _run_body(self) -> torch.Tensor:
         self.steps += 1
         if self.graph is not None:
             self.graph.replay()
-            logits = self.logits
-        elif self.failed or self.steps == 1:
+            return self.logits
+        if self.failed or self.steps == 1:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):   # warm-up off the default stream, as capture requires
+            with torch.cuda.stream(stream):
                 logits = self._body()
             torch.cuda.current_stream().wait_stream(stream)
-        else:
-            logits = self._capture_and_replay()
-        cache.length += 1                      # host mirror of write_position (the graph moved that)
-        return logits
-
-    def _capture_and_replay(self) -> torch.Tensor:
+            return logits
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):      # records only: nothing runs until replay
@@ -222,20 +240,30 @@ class GraphedStepper(StaticStepper):
         return self.logits
 
 
+STEPPERS = ("auto", "dynamic", "static", "fixed", "graphed")
+
+
 @contextmanager
-def open_stepper(resident: ResidentModel, batch: RowVariants, width: int, max_new: int) -> Iterator[Stepper]:
-    """The fastest stepper that serves this model exactly, with its cache checked out."""
-    model = resident.model
-    rows = len(batch.rows)
-    if not static_cache_supported(model):
+def open_stepper(resident: ResidentModel, batch: RowVariants, width: int, max_new: int,
+                 kind: str = "auto") -> Iterator[Stepper]:
+    """A stepper with its cache checked out. "auto": the fastest one that serves this model
+    exactly (graphed on CUDA for requests long enough to repay the capture, else static; dynamic
+    for attention layouts the static cache does not model). The others force one, for tests and
+    benchmarks."""
+    if kind not in STEPPERS:
+        raise ValueError(f"stepper must be one of {', '.join(STEPPERS)}, got {kind!r}")
+    if kind == "auto":
+        kind = "static" if static_cache_supported(resident.model) else "dynamic"
+        if kind == "static" and resident.device.type == "cuda" and resident.graphs and max_new >= GRAPH_MIN_TOKENS:
+            kind = "graphed"
+    if kind == "dynamic":
         yield DynamicStepper(resident, batch)
         return
-    pool = resident.kv_pool
-    graphed = resident.device.type == "cuda" and max_new >= GRAPH_MIN_TOKENS and resident.graphs
-    if graphed:
+    rows, pool = len(batch.rows), resident.kv_pool
+    if kind in ("fixed", "graphed"):
         # Fixed shapes: the whole request fits up front (capacity rounds up, so requests reuse it).
         with pool.acquire(rows, width + max_new, full_views=True) as cache:
-            yield GraphedStepper(resident, batch, cache)
+            yield (GraphedStepper if kind == "graphed" else FixedShapeStepper)(resident, batch, cache)
         return
     with pool.acquire(rows, width + min(max_new, INITIAL_NEW_TOKENS)) as cache:
         yield StaticStepper(resident, batch, cache)

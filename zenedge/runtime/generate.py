@@ -9,14 +9,13 @@ decode.py (a static, pre-allocated cache by default); this module owns the reque
 from __future__ import annotations
 
 import threading
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
 from zenedge.errors import InvalidInput
-from zenedge.runtime.decode import DynamicStepper, left_pad, open_stepper
+from zenedge.runtime.decode import left_pad, open_stepper
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant
@@ -142,8 +141,8 @@ def generate(resident: ResidentModel, requests: Sequence[GenerationRequest], *,
     """Decode a batch; yield, per step, the deltas of the rows still running. Closing the
     iterator stops generation (a client that goes away costs nothing more).
 
-    `stepper`: "auto" (the static cache, CUDA-graphed on a GPU, when the model allows it) or
-    "dynamic" (transformers' own cache: the reference path, kept for tests and comparisons)."""
+    `stepper`: "auto" (the static cache, CUDA-graphed on a GPU, when the model allows it), or one
+    of decode.STEPPERS forced ("dynamic" is transformers' own cache: the reference path)."""
     if not requests:
         return
     for request in requests:
@@ -155,11 +154,7 @@ def generate(resident: ResidentModel, requests: Sequence[GenerationRequest], *,
     input_ids, valid = left_pad([r.input_ids for r in requests], pad)
     batch = RowVariants.build([r.variant for r in requests], resident.device)
     max_new = max(r.params.max_tokens for r in requests)
-    if stepper == "dynamic":
-        steppers = nullcontext(DynamicStepper(resident, batch))
-    else:
-        steppers = open_stepper(resident, batch, input_ids.shape[1], max_new)
-    with steppers as model_steps:
+    with open_stepper(resident, batch, input_ids.shape[1], max_new, stepper) as model_steps:
         logits = model_steps.prefill(input_ids, valid)                        # [B, V]
         while True:
             deltas, next_ids = _advance(rows, logits, pad)
