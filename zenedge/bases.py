@@ -148,7 +148,7 @@ def default_base_gguf() -> Path:
 def ensure_base(store: Store, name: str = DEFAULT_BASE,
                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The base row for `name`, converting the embedded default base into the store on first use."""
-    row = store.base(name) or _by_alias(store, name)
+    row = store.base(name) or find_base(store, name)
     if row is not None:
         return row
     if name != DEFAULT_BASE:
@@ -169,5 +169,6 @@ def identities(base: dict[str, Any]) -> set[str]:
     return {d for d in (base.get("sha256"), base.get("weights_sha256")) if d}
 
 
-def _by_alias(store: Store, name: str) -> dict[str, Any] | None:
+def find_base(store: Store, name: str) -> dict[str, Any] | None:
+    """A registered base by one of its aliases (e.g. the Hugging Face repo id)."""
     return next((b for b in store.bases() if name in b.get("aliases", [])), None)

@@ -1,9 +1,10 @@
 """Pool policy: the one orchestrator that decides what enters the pool and what leaves it.
 
-It reads the config (budget B, slot limit, pinned names), validates incoming adapters against
-their base, and turns storage pressure into a decision. Without a merge that passes the quality
-gate (the K-Merge layer), pressure means refusal with a clear message for imports, and
-request-rate-weighted LRU eviction when the user lowers the budget.
+It reads the config (budget B, slot limit, pinned names, quality threshold), validates incoming
+adapters against their base, and turns storage pressure into a decision: store when it fits;
+else merge into one of the most similar stored adapters if the quality gate passes (kmerge.py);
+else evict by request-rate-weighted LRU (never pinned) or refuse, as `pool.on_no_merge` says.
+Lowering the budget evicts the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from zenedge import config as config_mod
 from zenedge.adapters.peft_lora import read_lora_dir
-from zenedge.bases import DEFAULT_BASE, _by_alias
+from zenedge.bases import DEFAULT_BASE, find_base, identities
 from zenedge.config import Config
 from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter
 from zenedge.names import check_name
@@ -37,7 +38,7 @@ class EvictionPlan:
 
 def resolve_base(store: Store, name: str | None) -> dict[str, Any]:
     name = name or DEFAULT_BASE
-    row = store.base(name) or _by_alias(store, name)
+    row = store.base(name) or find_base(store, name)
     if row is None:
         known = ", ".join(b["name"] for b in store.bases()) or "none yet"
         hint = ("it is converted on first use by `zenedge run` or `zenedge base add`" if name == DEFAULT_BASE
@@ -89,8 +90,6 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
             raise InvalidAdapter(f"{Path(path).name}: module {module!r} does not match the base {base_row['name']!r}; "
                                  "the delta was made for another model")
     expected = delta.base_sha256
-    from zenedge.bases import identities
-
     if expected and expected not in identities(base_row):
         raise InvalidAdapter(f"{Path(path).name}: made for a different base (sha256 {expected[:12]}…, "
                              f"{base_row['name']!r} is {base_row['sha256'][:12]}…)")

@@ -81,7 +81,7 @@ def resolve(cfg: Config, reference: str) -> Resolved:
 
 
 def _check_base(store: Store, manifest: Manifest, progress: Progress | None) -> dict[str, Any]:
-    base = store.base(manifest.base_name) or bases._by_alias(store, manifest.base_name)
+    base = store.base(manifest.base_name) or bases.find_base(store, manifest.base_name)
     if base is None and manifest.base_name == bases.DEFAULT_BASE:
         if progress:
             progress({"status": f"setting up the base {bases.DEFAULT_BASE}"})

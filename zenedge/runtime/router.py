@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from zenedge.bases import _by_alias
+from zenedge.bases import find_base
 from zenedge.store import Store
 
 
@@ -35,7 +35,7 @@ class Router:
         self._lock = threading.Lock()
 
     def route(self, name: str) -> Route:
-        base = self.store.base(name) or _by_alias(self.store, name)
+        base = self.store.base(name) or find_base(self.store, name)
         if base is not None:
             return Route(name, base["name"], None)
         if name == "smollm2-135m":  # the default base before its first conversion
