@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         "optimizer": "AdamW, 10 warmup steps, linear decay to 10%, grad clip 1.0",
         "trained": "q/k/v/o/gate/up/down projections (embeddings and norms frozen)",
         "full_finetune_dir": str(finetune_dir),
+        "precision": "fp32 weights, bf16 autocast" if cfg.bf16 else "fp32",
         "seconds_per_step": round(result.seconds_per_step, 3),
         "threads": args.threads,
         "final_train_loss": round(result.final_loss, 4),

@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         "steps": args.steps, "batch": args.batch, "max_len": max_len, "lr": args.lr,
         "optimizer": "AdamW, 10 warmup steps, linear decay to 10%, grad clip 1.0",
         "lora": {"r": args.rank, "alpha": args.alpha, "targets": TARGETS, "dropout": 0.0},
+        "precision": "fp32 weights, bf16 autocast" if cfg.bf16 else "fp32",
         "seconds_per_step": round(result.seconds_per_step, 3),
         "threads": args.threads,
         "final_train_loss": round(result.final_loss, 4),
