@@ -27,8 +27,9 @@ def _bucket(m: int) -> int:
     return m if m <= DECODE_ROWS else 1 << (m - 1).bit_length()
 
 
-def problem_key(m: int, n: int, k: int, dtype: torch.dtype, num_deltas: int, grouped: bool) -> str:
-    return f"{'grouped' if grouped else 'single'}:m{_bucket(m)}:n{n}:k{k}:{dtype}:d{num_deltas}"
+def problem_key(m: int, n: int, k: int, dtype: torch.dtype, num_deltas: int, grouped: bool, slots: int = 1) -> str:
+    key = f"{'grouped' if grouped else 'single'}:m{_bucket(m)}:n{n}:k{k}:{dtype}:d{num_deltas}"
+    return key + (f":s{slots}" if grouped and m <= DECODE_ROWS else "")
 
 
 def candidates(m: int, n: int, k: int, device: torch.device, grouped: bool = False) -> list[KernelConfig]:
@@ -38,7 +39,7 @@ def candidates(m: int, n: int, k: int, device: torch.device, grouped: bool = Fal
     if m <= DECODE_ROWS:
         found = decode_candidates(n, k, num_sms, grouped)
     else:
-        found = prefill_candidates(m, n, k, num_sms)
+        found = prefill_candidates(m, n, k, num_sms, grouped)
     kept = [cfg for cfg in found if not any(veto(cfg) for veto in EXCLUDE)]
     return kept or found[:1]
 

@@ -1,8 +1,12 @@
-"""Tile configurations for the fused kernel, as data, and the shape rules that prune them.
+"""Tile configurations for the fused kernels, as data, and the shape rules that prune them.
 
-Decode (M <= 16): one 16-row tile of x, W rows on the MMA's M side (64/128 rows: a full wgmma
-tile per warpgroup), split K when there are too few W row tiles to cover the SMs.
-Prefill: square-ish tiles with BLOCK_K = 64 and 3-4 pipeline stages, the usual Hopper GEMM shapes.
+Decode (M <= 16): one 16-row tile of x, W rows on the MMA's M side (64 rows: one full wgmma tile
+per warpgroup), split K when there are too few W row tiles to cover the SMs. 128-row tiles make
+ptxas drain the tensor pipe after every register-operand wgmma: left out (the SASS table in
+RESULTS.md shows it).
+Prefill: x rows on the MMA's M side, W_eff through shared memory as the B operand, BLOCK_K = 64.
+A 4-warp 128 x 128 tile fits two programs on an SM, so one program's sign expansion can run
+while the other's wgmma does; larger 8-warp tiles amortise the expansion over more rows.
 """
 
 from __future__ import annotations
@@ -10,17 +14,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 DECODE_ROWS = 16          # M at or below this takes the decode layout
-# Grouped decode unrolls one slot per distinct delta (+ base) inside the K loop. Up to 9 slots
-# (8 deltas + base rows) compile without spills under triton 3.6 and 3.9; 16 slots spill, so a
-# batch with more distinct deltas takes the tiles layout (one program per delta segment).
-MAX_DECODE_SLOTS = 9
+# Grouped decode unrolls one slot per distinct delta inside the K loop (base rows need none), so
+# a decode batch has at most DECODE_ROWS slots, slots_per_pass(block_k) per program.
+MAX_DECODE_SLOTS = DECODE_ROWS
+
+
+def slots_per_pass(block_k: int) -> int:
+    """Slots one program accumulates (more slots: more programs per tile), spill-free in 3.6 and 3.9."""
+    return 8 if block_k <= 64 else 2
 
 
 @dataclass(frozen=True)
 class KernelConfig:
     block_n: int          # W rows (output features) per program
     block_m: int          # x rows per program
-    block_k: int          # K step; a multiple of 8 so sign bytes never straddle a step
+    block_k: int          # K step; a multiple of 32 so sign words never straddle a step
     split_k: int = 1      # programs sharing one output tile along K (decode only)
     num_warps: int = 4
     num_stages: int = 3
@@ -33,29 +41,29 @@ def _decode(bn, bk, split, stages=3):
     return KernelConfig(block_n=bn, block_m=DECODE_ROWS, block_k=bk, split_k=split, num_warps=4, num_stages=stages)
 
 
+# BLOCK_K = 256 only unsplit: split, ptxas trades registers for a drain after every register wgmma.
 DECODE_CONFIGS: tuple[KernelConfig, ...] = (
     _decode(64, 128, 1), _decode(64, 128, 2), _decode(64, 128, 4), _decode(64, 128, 8),
-    _decode(64, 256, 1), _decode(64, 256, 2), _decode(64, 256, 4),
-    _decode(128, 128, 1), _decode(128, 128, 2),
-    _decode(64, 128, 2, stages=4), _decode(64, 256, 1, stages=4),
+    _decode(64, 256, 1), _decode(64, 256, 1, stages=4),
+    _decode(64, 128, 1, stages=4), _decode(64, 128, 2, stages=4), _decode(64, 128, 4, stages=4),
+    _decode(64, 128, 8, stages=4),
 )
 
-# Grouped decode unrolls one W_eff tile per delta slot; BLOCK_K = 64 keeps up to 16 slots in
-# registers without spilling (BLOCK_K = 128 spills from 9 slots on, see RESULTS.md).
 GROUPED_DECODE_CONFIGS: tuple[KernelConfig, ...] = (
     _decode(64, 64, 1), _decode(64, 64, 2), _decode(64, 64, 4), _decode(64, 64, 8),
-    _decode(64, 64, 1, stages=4), _decode(64, 64, 2, stages=4),
+    _decode(64, 128, 1), _decode(64, 128, 2), _decode(64, 128, 4),
 )
 
-# (256 x 128 tiles and 128 x 128 on 4 warps spill under sm_90a: left out, see RESULTS.md.)
+# KernelConfig(block_n = W rows, block_m = x rows, ...). The 4-warp 128 x 128 tile uses 255 registers
+# and ~100 KB of shared memory: two programs per SM. (8 warps capped at 128 registers would too,
+# but spill a few registers under both compilers.)
 PREFILL_CONFIGS: tuple[KernelConfig, ...] = (
+    KernelConfig(128, 128, 64, num_warps=4, num_stages=3),
+    KernelConfig(256, 128, 64, num_warps=8, num_stages=3),
     KernelConfig(128, 128, 64, num_warps=8, num_stages=3),
-    KernelConfig(128, 128, 64, num_warps=8, num_stages=4),
-    KernelConfig(128, 256, 64, num_warps=8, num_stages=3),
-    KernelConfig(128, 256, 64, num_warps=8, num_stages=4),
     KernelConfig(128, 64, 64, num_warps=4, num_stages=4),
-    KernelConfig(64, 128, 64, num_warps=4, num_stages=4),
 )
+GROUPED_PREFILL_CONFIGS = PREFILL_CONFIGS
 
 # Small tiles for the CPU interpreter (CI): several K steps and ragged edges on tiny shapes.
 INTERPRET_DECODE = KernelConfig(block_n=16, block_m=DECODE_ROWS, block_k=32, split_k=2)
@@ -79,14 +87,15 @@ def decode_candidates(n: int, k: int, num_sms: int, grouped: bool = False) -> li
     return keep or [pool[0]]
 
 
-def prefill_candidates(m: int, n: int, k: int, num_sms: int) -> list[KernelConfig]:
+def prefill_candidates(m: int, n: int, k: int, num_sms: int, grouped: bool = False) -> list[KernelConfig]:
     """Prefill configs whose row tile is not mostly padding and that make at least ~one wave."""
     keep = []
-    for cfg in PREFILL_CONFIGS:
+    pool = GROUPED_PREFILL_CONFIGS if grouped else PREFILL_CONFIGS
+    for cfg in pool:
         if cfg.block_m > 2 * max(m, 16):
             continue
         programs = -(-n // cfg.block_n) * -(-m // cfg.block_m)
         if programs < num_sms // 2 and cfg.block_n * cfg.block_m > 128 * 64:
             continue
         keep.append(cfg)
-    return keep or [PREFILL_CONFIGS[-1]]
+    return keep or [pool[-1]]

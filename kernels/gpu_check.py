@@ -15,7 +15,8 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from . import autotune, reference
-from .configs import DECODE_CONFIGS, GROUPED_DECODE_CONFIGS, PREFILL_CONFIGS, KernelConfig
+from .configs import (DECODE_CONFIGS, GROUPED_DECODE_CONFIGS, GROUPED_PREFILL_CONFIGS, PREFILL_CONFIGS,
+                      KernelConfig)
 from .grouping import group_rows
 from .launch import launch_grouped, launch_single
 
@@ -55,7 +56,7 @@ def run_config(kind: str, m: int, n: int, k: int, deltas: int, cfg: KernelConfig
 
 def _candidates(kind: str, m: int) -> tuple[KernelConfig, ...]:
     if m > 16:
-        return PREFILL_CONFIGS
+        return GROUPED_PREFILL_CONFIGS if kind == "grouped" else PREFILL_CONFIGS
     return GROUPED_DECODE_CONFIGS if kind == "grouped" else DECODE_CONFIGS
 
 
@@ -77,6 +78,7 @@ CHECK_PROBLEMS = (
     ("single", 1, 320, 1024, 1, True), ("single", 5, 320, 1024, 1, True), ("single", 16, 320, 1024, 1, True),
     ("single", 304, 320, 1024, 1, True), ("grouped", 1, 320, 1024, 8, True), ("grouped", 3, 320, 1024, 8, True),
     ("grouped", 16, 320, 1024, 8, True), ("grouped", 304, 320, 1024, 8, True),
+    ("grouped", 16, 320, 1024, 16, False),
     ("single", 1, 130, 200, 1, False), ("single", 77, 130, 200, 1, False), ("grouped", 7, 130, 200, 3, False),
     ("grouped", 77, 130, 200, 3, False),
 )

@@ -23,8 +23,9 @@ class RowGrouping:
 
     perm:      int32 [M]        sorted position -> original row (stable within a segment)
     seg_start: int32 [D+2]      segment s covers sorted rows [seg_start[s], seg_start[s+1])
-    slots:     int32 [S, 3]     (delta id, lo, hi) of the non-empty segments, compacted; unused
-                                slots are (-1, 0, 0). S = min(D+1, M): every possible segment fits.
+    slots:     int32 [S, 3]     (delta id, lo, hi) of the non-empty delta segments (base rows need
+                                no slot: every row gets the base product), compacted; unused slots
+                                are (-1, 0, 0). S = max(1, min(D, M)): every possible delta fits.
     """
 
     perm: torch.Tensor
@@ -63,13 +64,13 @@ def group_rows(delta_ids: torch.Tensor, num_deltas: int, *, validate: bool | Non
     bounds = torch.arange(-1, num_deltas + 1, dtype=torch.int32, device=device)   # [D+2]
     seg_start = torch.searchsorted(sorted_ids, bounds).to(torch.int32)     # rows with id < bound
 
-    num_slots = max(1, min(num_deltas + 1, m))
-    lo, hi = seg_start[:-1], seg_start[1:]                                  # [D+1] each
+    num_slots = max(1, min(num_deltas, m))
+    lo, hi = seg_start[1:-1], seg_start[2:]                                 # [D] each: delta segments
     nonempty = hi > lo
     order = torch.cumsum(nonempty.to(torch.int32), 0) - 1                   # slot of each segment
     dest = torch.where(nonempty & (order < num_slots), order, num_slots)    # extra row = discard
-    seg_ids = torch.arange(-1, num_deltas, dtype=torch.int32, device=device)
-    values = torch.stack([seg_ids, lo, hi], dim=1)                          # [D+1, 3]
+    seg_ids = torch.arange(0, num_deltas, dtype=torch.int32, device=device)
+    values = torch.stack([seg_ids, lo, hi], dim=1)                          # [D, 3]
     slots = torch.zeros(num_slots + 1, 3, dtype=torch.int32, device=device)
     slots[:, 0] = -1
     slots.index_put_((dest.to(torch.int64),), values)                      # duplicates only hit discard

@@ -10,11 +10,10 @@ import dataclasses
 import torch
 import triton
 
-from .configs import DECODE_ROWS, MAX_DECODE_SLOTS, KernelConfig
-from .fused_kernel import _bitdelta_kernel
+from .configs import DECODE_ROWS, MAX_DECODE_SLOTS, KernelConfig, slots_per_pass
+from .fused_kernel import _decode_kernel, _prefill_kernel
 from .grouping import RowGrouping
 
-ROW_SINGLE, ROW_TILES, ROW_SLOTS = 0, 1, 2
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Split-K workspace per device: fp32 partial tiles and int32 tickets, zero between launches
@@ -66,63 +65,113 @@ def _workspace(device: torch.device, tiles: int, cfg: KernelConfig) -> tuple[tor
     return ws, cnt
 
 
-def _launch(x, weight, packed, alpha, bias, out, cfg, *, row_mode, row_tiles, perm, seg_start, slots,
-            num_seg, nslot, m, n, k, kb):
+@dataclasses.dataclass(frozen=True)
+class _Bits:
+    """The sign bits as the kernels read them: int32 words when rows hold whole words, else bytes."""
+    tensor: torch.Tensor
+    words: bool
+    limit: int                # words (or bytes) per row
+    stride_d: int
+    stride_n: int
+
+
+def _bits(packed: torch.Tensor) -> _Bits:
+    kb = packed.shape[-1]
+    if kb % 4 == 0 and packed.storage_offset() % 4 == 0:
+        # Same bytes read 4 at a time, little-endian: bit j of word q is bit j % 8 of byte 4q + j // 8,
+        # i.e. element 32q + j, whatever the host's byte order (the kernels run on little-endian GPUs).
+        view = packed.view(torch.int32)
+        words, limit = True, kb // 4
+    else:
+        view, words, limit = packed, False, kb
+    stride_d = view.stride(0) if view.dim() == 3 else 0
+    return _Bits(view, words, limit, stride_d, view.stride(-2))
+
+
+def _check_block_k(cfg: KernelConfig) -> None:
+    if cfg.block_k % 32:
+        raise KernelArgumentError(f"block_k must be a multiple of 32 (one sign word), got {cfg.block_k}")
+
+
+def _launch_decode(x, weight, bits: _Bits, alpha, bias, out, cfg, *, grouping, m, n, k):
     n_tiles = triton.cdiv(n, cfg.block_n)
-    if cfg.split_k > 1:
+    row_tiles = 1 if grouping is not None else triton.cdiv(m, cfg.block_m)
+    nslot = grouping.num_slots if grouping is not None else 1
+    slots = min(nslot, slots_per_pass(cfg.block_k))     # slot accumulators one program holds
+    groups = triton.cdiv(nslot, slots)
+    parts = cfg.split_k * groups                         # partial products per output tile
+    if parts > 1:
         if row_tiles != 1:
             raise KernelArgumentError("split_k > 1 needs all rows in one tile (decode)")
         ws, cnt = _workspace(x.device, n_tiles, cfg)
     else:
         ws, cnt = alpha, alpha                           # unused placeholders (never dereferenced)
-    dummy_i32 = seg_start if seg_start is not None else alpha
-    grid = (n_tiles, row_tiles, cfg.split_k)
-    _bitdelta_kernel[grid](
-        x, weight, packed, alpha, bias if bias is not None else alpha, out,
-        perm if perm is not None else dummy_i32, dummy_i32, slots if slots is not None else dummy_i32, ws, cnt,
-        m, n, k, kb, num_seg,
-        x.stride(0), weight.stride(0),
-        packed.stride(0) if packed.dim() == 3 else 0, packed.stride(-2),
+    _decode_kernel[(n_tiles, row_tiles, parts)](
+        x, weight, bits.tensor, alpha, bias if bias is not None else alpha, out,
+        grouping.perm if grouping is not None else alpha, grouping.slots if grouping is not None else alpha,
+        ws, cnt,
+        m, n, k, bits.limit, nslot,
+        x.stride(0), weight.stride(0), bits.stride_d, bits.stride_n,
         alpha.stride(0) if alpha.dim() == 2 else 0, out.stride(0),
         BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        ROW_MODE=row_mode, NSLOT=nslot, SEG_P2=triton.next_power_of_2(max(num_seg, 2)),
-        HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        SLOTS=slots, SLOT_GROUPS=groups, GROUPED=grouping is not None,
+        WORDS=bits.words, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", ASM=x.is_cuda,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def _launch_prefill(x, weight, bits: _Bits, alpha, bias, out, cfg, *, grouping, m, n, k):
+    if grouping is not None:
+        num_seg = grouping.num_deltas + 1
+        # Each non-empty segment wastes at most one partial tile: a fixed upper bound, no sync.
+        row_tiles = triton.cdiv(m, cfg.block_m) + min(num_seg, m)
+        perm, seg_start = grouping.perm, grouping.seg_start
+    else:
+        num_seg, row_tiles, perm, seg_start = 1, triton.cdiv(m, cfg.block_m), alpha, alpha
+    _prefill_kernel[(row_tiles, triton.cdiv(n, cfg.block_n))](
+        x, weight, bits.tensor, alpha, bias if bias is not None else alpha, out, perm, seg_start,
+        m, n, k, bits.limit, num_seg,
+        x.stride(0), weight.stride(0), bits.stride_d, bits.stride_n,
+        alpha.stride(0) if alpha.dim() == 2 else 0, out.stride(0),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUPED=grouping is not None, SEG_P2=triton.next_power_of_2(max(num_seg, 2)),
+        WORDS=bits.words, EVEN_K=k % cfg.block_k == 0,
+        OFFSETS_64=max(x.shape[0] * x.stride(0), n * weight.stride(0)) >= 2**31, HAS_BIAS=bias is not None,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", ASM=x.is_cuda,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
 
 def launch_single(x, weight, packed, alpha, bias, out, cfg: KernelConfig) -> torch.Tensor:
-    """y[M, out] = x·(W + α⊙S)ᵀ (+b), one delta: packed [out, in/8], alpha [out]."""
-    m, n, k, kb = _check_common(x, weight, packed, alpha, bias, out, grouped=False)
-    if cfg.block_k % 8:
-        raise KernelArgumentError(f"block_k must be a multiple of 8, got {cfg.block_k}")
+    """y[M, out] = x·(W + α⊙S)ᵀ (+b), one delta: packed [out, in/8], alpha [out].
+
+    A config with block_m <= DECODE_ROWS takes the decode kernel, any other the prefill kernel.
+    """
+    m, n, k, _ = _check_common(x, weight, packed, alpha, bias, out, grouped=False)
+    _check_block_k(cfg)
     out = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
+    if m == 0 or n == 0:
         return out
-    return _launch(x, weight, packed, alpha, bias, out, cfg, row_mode=ROW_SINGLE,
-                   row_tiles=triton.cdiv(m, cfg.block_m), perm=None, seg_start=None, slots=None,
-                   num_seg=1, nslot=1, m=m, n=n, k=k, kb=kb)
+    launch = _launch_decode if cfg.block_m <= DECODE_ROWS else _launch_prefill
+    return launch(x, weight, _bits(packed), alpha, bias, out, cfg, grouping=None, m=m, n=n, k=k)
 
 
 def launch_grouped(x, weight, packed, alpha, grouping: RowGrouping, bias, out, cfg: KernelConfig) -> torch.Tensor:
     """Rows of x carry their own delta (grouping from group_rows): packed [D, out, in/8], alpha [D, out]."""
-    m, n, k, kb = _check_common(x, weight, packed, alpha, bias, out, grouped=True)
+    m, n, k, _ = _check_common(x, weight, packed, alpha, bias, out, grouped=True)
+    _check_block_k(cfg)
     if grouping.num_rows != m or grouping.num_deltas != packed.shape[0]:
         raise KernelArgumentError(
             f"grouping is for {grouping.num_rows} rows / {grouping.num_deltas} deltas, "
             f"inputs have {m} rows / {packed.shape[0]} deltas")
     out = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
+    if m == 0 or n == 0:
         return out
-    num_seg = grouping.num_deltas + 1
+    bits = _bits(packed)
     if m <= cfg.block_m and cfg.block_m == DECODE_ROWS and grouping.num_slots <= MAX_DECODE_SLOTS:
-        return _launch(x, weight, packed, alpha, bias, out, cfg, row_mode=ROW_SLOTS, row_tiles=1,
-                       perm=grouping.perm, seg_start=grouping.seg_start, slots=grouping.slots,
-                       num_seg=num_seg, nslot=grouping.num_slots, m=m, n=n, k=k, kb=kb)
+        return _launch_decode(x, weight, bits, alpha, bias, out, cfg, grouping=grouping, m=m, n=n, k=k)
     cfg = dataclasses.replace(cfg, split_k=1)           # tiles layout: every program owns whole K
-    # Each non-empty segment wastes at most one partial tile: a fixed upper bound, no sync.
-    row_tiles = triton.cdiv(m, cfg.block_m) + min(num_seg, m)
-    return _launch(x, weight, packed, alpha, bias, out, cfg, row_mode=ROW_TILES, row_tiles=row_tiles,
-                   perm=grouping.perm, seg_start=grouping.seg_start, slots=None,
-                   num_seg=num_seg, nslot=1, m=m, n=n, k=k, kb=kb)
+    return _launch_prefill(x, weight, bits, alpha, bias, out, cfg, grouping=grouping, m=m, n=n, k=k)

@@ -1,8 +1,11 @@
 """Compile every kernel config for sm_90a without a GPU and read the SASS.
 
 For each (variant, config): registers, spill instructions (STL/LDL, must be 0), how wide the
-global loads of the main loop are (LDG/LDGSTS .128 = 16 bytes), and whether tl.dot became
-HGMMA (wgmma) rather than HMMA. Uses the cuobjdump that ships inside the triton wheel.
+global loads are (LDG/LDGSTS .128 = 16 bytes), whether tl.dot became HGMMA (wgmma) rather than
+HMMA, and the steady-state K loop: instructions per thread per step and per weight of the tile
+(per W element: a grouped step expands every slot's bits for it), CTA barriers, and how many
+of its wgmma waits drain the tensor pipe to zero (`WARPGROUP.DEPBAR.LE gsb0, 0x0`: the MMA then
+cannot overlap the next step's work). Uses the cuobjdump that ships inside the triton wheel.
 """
 
 from __future__ import annotations
@@ -17,25 +20,24 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .configs import DECODE_CONFIGS, GROUPED_DECODE_CONFIGS, PREFILL_CONFIGS, KernelConfig
+from .configs import (DECODE_CONFIGS, DECODE_ROWS, GROUPED_DECODE_CONFIGS, GROUPED_PREFILL_CONFIGS, PREFILL_CONFIGS,
+                      KernelConfig, slots_per_pass)
 
-# (name, ROW_MODE, NSLOT, configs): decode grouped is shown for 8 deltas + base rows (9 slots,
-# MAX_DECODE_SLOTS); decode batches with more distinct deltas use the tiles layout.
+# (name, kernel, grouped, slots, configs). Grouped decode is shown for 8 deltas present (8 slots)
+# and for the most a 16-row batch can hold (16 slots, MAX_DECODE_SLOTS).
 VARIANTS = (
-    ("decode", 0, 1, DECODE_CONFIGS),
-    ("decode-grouped", 2, 9, GROUPED_DECODE_CONFIGS),
-    ("decode-grouped-tiles", 1, 1, GROUPED_DECODE_CONFIGS[:1]),
-    ("prefill", 0, 1, PREFILL_CONFIGS),
-    ("prefill-grouped", 1, 1, PREFILL_CONFIGS),
+    ("decode", "decode", False, 1, DECODE_CONFIGS),
+    ("decode-grouped", "decode", True, 8, GROUPED_DECODE_CONFIGS),
+    ("decode-grouped16", "decode", True, 16, GROUPED_DECODE_CONFIGS[:1] + GROUPED_DECODE_CONFIGS[4:5]),
+    ("prefill", "prefill", False, 1, PREFILL_CONFIGS),
+    ("prefill-grouped", "prefill", True, 1, GROUPED_PREFILL_CONFIGS),
 )
 
-_POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "p_ptr": "*u8", "a_ptr": "*fp32", "bias_ptr": "*fp32",
+_POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "p_ptr": "*i32", "a_ptr": "*fp32", "bias_ptr": "*fp32",
              "y_ptr": "*bf16", "perm_ptr": "*i32", "seg_ptr": "*i32", "slot_ptr": "*i32", "ws_ptr": "*fp32",
              "cnt_ptr": "*i32"}
-_INTS = ("M", "N", "K", "KB", "NUM_SEG", "stride_xm", "stride_wn", "stride_pd", "stride_pn", "stride_ad",
-         "stride_ym")
-# Launches on model shapes (multiples of 16) get these specialised as divisible by 16.
-_NOT_DIVISIBLE = {"M", "NUM_SEG"}
+# Launches on model shapes (multiples of 16) get the other integers specialised as divisible by 16.
+_NOT_DIVISIBLE = {"M", "NUM_SEG", "NSLOT"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,14 @@ class SassReport:
     hgmma: int
     hmma: int
     shared_bytes: int
+    loop_instructions: int      # steady-state K loop, per thread per step
+    loop_barriers: int          # BAR.SYNC in that loop
+    loop_drains: int            # WARPGROUP.DEPBAR.LE gsb0, 0x0 in that loop
+    weights_per_thread: float   # W elements per thread per K step
+
+    @property
+    def per_weight(self) -> float:
+        return self.loop_instructions / self.weights_per_thread
 
 
 def _tool(name: str) -> str:
@@ -56,41 +66,71 @@ def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def _count_ops(sass: str) -> collections.Counter:
-    ops = collections.Counter()
+_INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9._]*)(.*)")
+
+
+def _instructions(sass: str) -> list[tuple[int, str, str]]:
+    found = []
     for line in sass.splitlines():
-        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9._]*)", line)
+        m = _INSTRUCTION.match(line)
         if m:
-            ops[m.group(1)] += 1
-    return ops
+            found.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    return found
 
 
-def compile_one(variant: str, row_mode: int, nslot: int, cfg: KernelConfig) -> SassReport:
+def _main_loop(instrs: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """The largest loop (backward branch) holding an HGMMA: the K loop's steady state."""
+    best: list = []
+    for addr, op, rest in instrs:
+        target = re.search(r"0x([0-9a-f]+)", rest)
+        if op.startswith("BRA") and target and int(target.group(1), 16) < addr:
+            body = [i for i in instrs if int(target.group(1), 16) <= i[0] <= addr]
+            if any(o.startswith("HGMMA") for _, o, _ in body) and len(body) > len(best):
+                best = body
+    return best
+
+
+def _signature(kernel, constexprs: dict) -> tuple[dict, dict]:
+    names = kernel.arg_names
+    signature = {n: "constexpr" if n in constexprs else _POINTERS.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if signature[n] != "constexpr" and n not in _NOT_DIVISIBLE}
+    return signature, attrs
+
+
+def compile_one(variant: str, kind: str, grouped: bool, nslot: int, cfg: KernelConfig) -> SassReport:
     """Compile in this process; it must not run TRITON_INTERPRET=1 (use compile_reports otherwise)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .fused_kernel import _bitdelta_kernel
-    names = _bitdelta_kernel.arg_names
-    signature = {name: _POINTERS.get(name, "i32" if name in _INTS else "constexpr") for name in names}
-    constexprs = {"BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "SPLIT_K": cfg.split_k,
-                  "ROW_MODE": row_mode, "NSLOT": nslot, "SEG_P2": 16, "HAS_BIAS": False, "DOT_PRECISION": "tf32"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
-             if signature[name] != "constexpr" and name not in _NOT_DIVISIBLE}
-    src = ASTSource(_bitdelta_kernel, signature, constexprs, attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    from .fused_kernel import _decode_kernel, _prefill_kernel
+    common = {"BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "GROUPED": grouped,
+              "WORDS": True, "EVEN_K": True, "HAS_BIAS": False, "DOT_PRECISION": "tf32",
+              "ASM": os.environ.get("ZENEDGE_SASS_ASM", "1") == "1"}
+    if kind == "decode":
+        slots = min(nslot, slots_per_pass(cfg.block_k))
+        kernel, constexprs = _decode_kernel, {**common, "SPLIT_K": cfg.split_k, "SLOTS": slots,
+                                              "SLOT_GROUPS": -(-nslot // slots)}
+    else:
+        kernel, constexprs = _prefill_kernel, {**common, "SEG_P2": 16, "OFFSETS_64": False}
+    signature, attrs = _signature(kernel, constexprs)
+    src = ASTSource(kernel, signature, constexprs, attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
+        cubin.write_bytes(compiled.asm["cubin"])
         sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", str(cubin)], capture_output=True, text=True,
                               check=True).stdout
         usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True,
                                text=True, check=True).stdout
-    ops = _count_ops(sass)
+    instrs = _instructions(sass)
+    ops = collections.Counter(op for _, op, _ in instrs)
+    loop = _main_loop(instrs)
     loads = {op: c for op, c in ops.items() if op.startswith(("LDG", "LDGSTS")) and op != "LDGDEPBAR"}
     wide = sum(c for op, c in loads.items() if op.endswith(".128"))
+    rows = cfg.block_n                       # W rows per tile, decode and prefill alike
     return SassReport(
         variant=variant, config=cfg,
         registers=int(re.search(r"REG:(\d+)", usage).group(1)),
@@ -98,7 +138,11 @@ def compile_one(variant: str, row_mode: int, nslot: int, cfg: KernelConfig) -> S
         wide_loads=wide, narrow_loads={op: c for op, c in loads.items() if not op.endswith(".128")},
         hgmma=sum(c for op, c in ops.items() if op.startswith("HGMMA")),
         hmma=sum(c for op, c in ops.items() if op.startswith("HMMA")),
-        shared_bytes=int(kernel.metadata.shared),
+        shared_bytes=int(compiled.metadata.shared),
+        loop_instructions=len(loop),
+        loop_barriers=sum(op.startswith("BAR.SYNC") for _, op, _ in loop),
+        loop_drains=sum(op == "WARPGROUP.DEPBAR.LE" and "gsb0, 0x0" in rest for _, op, rest in loop),
+        weights_per_thread=rows * cfg.block_k / (32 * cfg.num_warps),
     )
 
 
@@ -113,7 +157,7 @@ def _compiler_process() -> None:
 
 
 def compile_reports(jobs: list[tuple], workers: int | None = None) -> list[SassReport]:
-    """Compile (variant, row_mode, nslot, config) jobs in spawned worker processes."""
+    """Compile (variant, kernel, grouped, slots, config) jobs in spawned worker processes."""
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_compiler_process) as pool:
@@ -121,22 +165,27 @@ def compile_reports(jobs: list[tuple], workers: int | None = None) -> list[SassR
 
 
 def all_reports(workers: int | None = None) -> list[SassReport]:
-    jobs = [(name, mode, nslot, cfg) for name, mode, nslot, configs in VARIANTS for cfg in configs]
+    jobs = [(name, kind, grouped, nslot, cfg) for name, kind, grouped, nslot, configs in VARIANTS for cfg in configs]
     return compile_reports(jobs, workers)
 
 
 def _config_text(cfg: KernelConfig) -> str:
-    text = f"N{cfg.block_n} M{cfg.block_m} K{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+    if cfg.block_m <= DECODE_ROWS:
+        text = f"N{cfg.block_n} M{cfg.block_m} K{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+    else:
+        text = f"M{cfg.block_m} N{cfg.block_n} K{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
     return text + (f" splitK{cfg.split_k}" if cfg.split_k > 1 else "")
 
 
 def format_table(reports: list[SassReport]) -> str:
-    header = "| variant | config | regs | spills | 16B loads | narrower loads | HGMMA | HMMA | smem B |"
-    lines = [header, "|" + "---|" * 9]
+    header = ("| variant | config | regs | spills | 16B loads | narrower loads | HGMMA | HMMA | smem B | "
+              "loop instr | instr/weight | loop BAR | loop drains |")
+    lines = [header, "|" + "---|" * 13]
     for r in reports:
         narrow = ", ".join(f"{op}×{c}" for op, c in sorted(r.narrow_loads.items())) or "-"
         lines.append(f"| {r.variant} | {_config_text(r.config)} | {r.registers} | {r.spills} | {r.wide_loads} | "
-                     f"{narrow} | {r.hgmma} | {r.hmma} | {r.shared_bytes} |")
+                     f"{narrow} | {r.hgmma} | {r.hmma} | {r.shared_bytes} | {r.loop_instructions} | "
+                     f"{r.per_weight:.2f} | {r.loop_barriers} | {r.loop_drains} |")
     clean = all(r.spills == 0 and r.hgmma > 0 and r.hmma == 0 for r in reports)
     lines.append("")
     lines.append(f"clean (no spills, every dot on HGMMA): {'yes' if clean else 'NO'}")

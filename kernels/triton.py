@@ -61,7 +61,9 @@ def bitdelta_linear_multi(x: torch.Tensor, weight: torch.Tensor, packed: torch.T
         return launch_grouped(x2, weight, packed, alpha, grouping, bias, out2, cfg)
 
     if config is None:
-        key = autotune.problem_key(m, n, k, x.dtype, num_deltas, grouped=True)
+        # Decode compiles one kernel per slot count (distinct deltas present): tune per count too.
+        slots = grouping.num_slots
+        key = autotune.problem_key(m, n, k, x.dtype, num_deltas, grouped=True, slots=slots)
         config = autotune.choose(key, autotune.candidates(m, n, k, x.device, grouped=True), run)
     run(config)
     return out2.view(*lead, n)

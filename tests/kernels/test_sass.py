@@ -11,7 +11,7 @@ from zenedge.kernels.sass import compile_reports, format_table  # noqa: E402
 
 
 def test_decode_config_compiles_clean_for_sm90a():
-    (report,) = compile_reports([("decode", 0, 1, DECODE_CONFIGS[0])], workers=1)
+    (report,) = compile_reports([("decode", "decode", False, 1, DECODE_CONFIGS[0])], workers=1)
     assert report.spills == 0
     assert report.hgmma > 0 and report.hmma == 0
     assert report.wide_loads > 0

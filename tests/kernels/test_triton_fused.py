@@ -17,8 +17,10 @@ from zenedge.kernels.triton import bitdelta_linear, bitdelta_linear_multi
 
 from .helpers import TOLERANCE, poisoned, problem, relative_error
 
-SHAPES = [  # (M, out, in): out/in off the block sizes, in not a multiple of 8, decode and prefill M
-    (1, 40, 72), (3, 40, 75), (16, 33, 61), (17, 130, 200), (300, 130, 200),
+SHAPES = [  # (M, out, in): out/in off the block sizes, decode and prefill M. Sign rows of whole
+    # 32-bit words (in = 61, 128, 192: read as int32) and of loose bytes (72, 75, 200), with
+    # in a multiple of the K step (128, 192: no K masks) or not.
+    (1, 40, 72), (3, 40, 75), (16, 33, 61), (2, 40, 128), (17, 130, 200), (70, 72, 192), (300, 130, 200),
 ]
 
 
@@ -39,7 +41,7 @@ def test_single_delta_matches_reference(m, n, k, dtype):
 
 @pytest.mark.parametrize("split_k", [1, 2, 3])
 def test_decode_split_k_matches_reference_and_reuses_workspace(split_k):
-    cfg = KernelConfig(block_n=16, block_m=16, block_k=16, split_k=split_k)
+    cfg = KernelConfig(block_n=16, block_m=16, block_k=32, split_k=split_k)
     x, weight, packed, alpha, bias = problem(2, 37, 70, torch.float32, seed=split_k, bias=True)
     expected = _single_ref(x, weight, packed, alpha, bias)
     for _ in range(2):   # the second launch only passes if the first re-zeroed the workspace
@@ -83,7 +85,10 @@ def test_grouped_edge_cases(ids):
     m = ids.shape[0]
     x, weight, packed, alpha, _ = problem(m, 29, 45, torch.float32, deltas=4, seed=m)
     expected = reference.bitdelta_linear_multi(x.double(), weight.double(), packed, alpha.double(), ids)
-    for cfg in (INTERPRET_DECODE, KernelConfig(block_n=16, block_m=4, block_k=16)):   # slots / tiles
+    configs = (INTERPRET_DECODE,                                     # slots: 8 per program, split K
+               KernelConfig(block_n=16, block_m=16, block_k=128),    # slots: 2 per program, 1-2 groups
+               KernelConfig(block_n=16, block_m=4, block_k=32))      # tiles
+    for cfg in configs:
         y = bitdelta_linear_multi(x, weight, packed, alpha, ids, out=poisoned(m, 29, torch.float32), config=cfg)
         assert relative_error(y, expected) < 1e-5
 
@@ -112,11 +117,12 @@ def test_launcher_rejects_bad_inputs(bad):
         bitdelta_linear(x, weight, packed, alpha)
 
 
-def test_decode_batch_with_many_distinct_deltas_takes_the_tiles_layout():
-    # 12 distinct deltas in 14 rows: more slots than MAX_DECODE_SLOTS, still one launch, still exact.
-    m, deltas = 14, 12
-    x, weight, packed, alpha, bias = problem(m, 40, 72, torch.float32, deltas=deltas, seed=11, bias=True)
-    ids = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -1, 3])
+@pytest.mark.parametrize("m,deltas", [(14, 12), (16, 16)])
+def test_decode_batch_with_many_distinct_deltas_is_one_launch(m, deltas):
+    # Up to one slot per row (16 = MAX_DECODE_SLOTS): each delta's bits are read once, exact.
+    x, weight, packed, alpha, bias = problem(m, 40, 64, torch.float32, deltas=deltas, seed=11, bias=True)
+    ids = torch.arange(m) % deltas
+    ids[-1] = -1 if m > deltas else ids[-1]
     y = bitdelta_linear_multi(x, weight, packed, alpha, ids, bias, out=poisoned(m, 40, torch.float32))
     expected = reference.bitdelta_linear_multi(x.double(), weight.double(), packed, alpha.double(), ids,
                                                bias.double())
