@@ -30,16 +30,22 @@ import torch
 from zenedge.kernels import reference
 from zenedge.kernels.triton import bitdelta_linear
 from zenedge.bitdelta.packing import compress
-from zenedge.kernels.configs import DECODE_CONFIGS
+from zenedge.kernels.configs import DECODE_CONFIGS, PREFILL_CONFIGS
 x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) * 0.05
 p, a = compress(torch.randn(256, 512, device="cuda") * 0.01)
-y = bitdelta_linear(x, w, p, a, config=DECODE_CONFIGS[0])    # one compile, no autotune
+y = bitdelta_linear(x, w, p, a, config=DECODE_CONFIGS[0])    # one compile each, no autotune
 r = reference.bitdelta_linear(x.double(), w.double(), p, a.double())
-print("smoke rel.err", float((y.double() - r).norm() / r.norm()))
+print("smoke decode rel.err", float((y.double() - r).norm() / r.norm()))
+x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
+y = bitdelta_linear(x, w, p, a, config=PREFILL_CONFIGS[0])
+r = reference.bitdelta_linear(x.double(), w.double(), p, a.double())
+print("smoke prefill rel.err", float((y.double() - r).norm() / r.norm()))
 EOF
+echo "smoke done after ${SECONDS}s"
 
 python3 -m zenedge.kernels.bench --check 2>&1 | tee "$OUT/bench.txt"
 status=$?
+echo "bench done after ${SECONDS}s (status $status)" | tee -a "$OUT/bench.txt"
 rm -rf "$SHIM"
 exit $status
