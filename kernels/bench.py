@@ -92,7 +92,7 @@ def copy_bandwidth_gbs() -> float:
 def _graph_us(fn, calls: int) -> float:
     from triton.testing import do_bench_cudagraph
 
-    return do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3 / calls
+    return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3 / calls
 
 
 def _gpu_case(n, k, m, d, copy_gbs, device="cuda", timer=None) -> str:
