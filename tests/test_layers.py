@@ -16,7 +16,7 @@ LAYERS = {
     "zenedge.quality": 3, "zenedge.kmerge": 3, "zenedge.policy": 3, "zenedge.maintenance": 3,
     "zenedge.export": 3, "zenedge.registry.pull": 4,
     "zenedge.server": 5, "zenedge.bench": 5,
-    "zenedge.cli": 6, "zenedge.__main__": 6,
+    "zenedge.cli": 6, "zenedge.__main__": 6, "zenedge.bench.__main__": 6,  # entry points
 }
 
 

@@ -93,15 +93,21 @@ def test_full_queue_is_503_with_retry_after_and_leaving_cancels(fresh_daemon):
 
 
 def test_non_streamed_request_is_cancelled_when_its_client_leaves(fresh_daemon):
+    import socket
+
     daemon = fresh_daemon()
     with daemon.uds() as watcher:
-        def leave_early():
-            try:
-                daemon.uds(timeout=1.0).post("/v1/chat/completions", json=chat_body("forever", "x", max_tokens=65536))
-            except httpx.TimeoutException:
-                pass  # closing the connection is the point
-
-        leave_early()
+        # A raw connection we can hang up on at a known moment: once the request is running.
+        body = json.dumps(chat_body("forever", "x", max_tokens=65536)).encode()
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        raw.connect(str(daemon.socket))
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline = time.monotonic() + 60
+        while watcher.get("/api/ps").json()["scheduler"]["running"] < 1:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.05)
+        raw.close()  # the client leaves mid-generation
         stats = wait_until_idle(watcher)  # a generation of 65536 tokens would keep it busy for minutes
     assert stats["cancelled"] == 1 and stats["completed"] == 0
 
