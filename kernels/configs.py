@@ -15,13 +15,15 @@ from dataclasses import asdict, dataclass
 
 DECODE_ROWS = 16          # M at or below this takes the decode layout
 # Grouped decode unrolls one slot per distinct delta inside the K loop (base rows need none), so
-# a decode batch has at most DECODE_ROWS slots, slots_per_pass(block_k) per program.
+# a decode batch has at most DECODE_ROWS slots, slots_per_program(config) per program.
 MAX_DECODE_SLOTS = DECODE_ROWS
 
 
-def slots_per_pass(block_k: int) -> int:
+def slots_per_program(cfg: "KernelConfig") -> int:
     """Slots one program accumulates (more slots: more programs per tile), spill-free in 3.6 and 3.9."""
-    return 8 if block_k <= 64 else 2
+    if cfg.slots is not None:
+        return cfg.slots
+    return 8 if cfg.block_k <= 64 else 2
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,16 @@ class KernelConfig:
     split_k: int = 1      # programs sharing one output tile along K (decode only)
     num_warps: int = 4
     num_stages: int = 3
+    max_registers: int | None = None   # ptxas cap (maxnreg): two 8-warp programs per SM need <= 128
+    slots: int | None = None           # grouped decode: slot accumulators per program (None: by block_k)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _decode(bn, bk, split, stages=3):
-    return KernelConfig(block_n=bn, block_m=DECODE_ROWS, block_k=bk, split_k=split, num_warps=4, num_stages=stages)
+def _decode(bn, bk, split, stages=3, slots=None):
+    return KernelConfig(block_n=bn, block_m=DECODE_ROWS, block_k=bk, split_k=split, num_warps=4, num_stages=stages,
+                        slots=slots)
 
 
 # BLOCK_K = 256 only unsplit: split, ptxas trades registers for a drain after every register wgmma.
@@ -49,19 +54,24 @@ DECODE_CONFIGS: tuple[KernelConfig, ...] = (
     _decode(64, 128, 8, stages=4),
 )
 
+# Fewer slots per program: more programs per output tile (only the first reads W), shorter chains
+# of small register-operand wgmmas per program.
 GROUPED_DECODE_CONFIGS: tuple[KernelConfig, ...] = (
     _decode(64, 64, 1), _decode(64, 64, 2), _decode(64, 64, 4), _decode(64, 64, 8),
     _decode(64, 128, 1), _decode(64, 128, 2), _decode(64, 128, 4),
+    _decode(64, 64, 1, slots=4), _decode(64, 64, 2, slots=4), _decode(64, 64, 4, slots=4),
 )
 
 # KernelConfig(block_n = W rows, block_m = x rows, ...). The 4-warp 128 x 128 tile uses 255 registers
-# and ~100 KB of shared memory: two programs per SM. (8 warps capped at 128 registers would too,
-# but spill a few registers under both compilers.)
+# and ~100 KB of shared memory: two programs per SM. (8 warps capped at 128 registers with
+# BLOCK_K = 64 spill a few registers under both compilers.)
 PREFILL_CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(128, 128, 64, num_warps=4, num_stages=3),
     KernelConfig(256, 128, 64, num_warps=8, num_stages=3),
     KernelConfig(128, 128, 64, num_warps=8, num_stages=3),
     KernelConfig(128, 64, 64, num_warps=4, num_stages=4),
+    # Two 8-warp programs per SM: BLOCK_K = 32 keeps them within 128 registers without spilling.
+    KernelConfig(128, 128, 32, num_warps=8, num_stages=4, max_registers=128),
 )
 GROUPED_PREFILL_CONFIGS = PREFILL_CONFIGS
 

@@ -10,7 +10,7 @@ import dataclasses
 import torch
 import triton
 
-from .configs import DECODE_ROWS, MAX_DECODE_SLOTS, KernelConfig, slots_per_pass
+from .configs import DECODE_ROWS, MAX_DECODE_SLOTS, KernelConfig, slots_per_program
 from .fused_kernel import _decode_kernel, _prefill_kernel
 from .grouping import RowGrouping
 
@@ -97,7 +97,7 @@ def _launch_decode(x, weight, bits: _Bits, alpha, bias, out, cfg, *, grouping, m
     n_tiles = triton.cdiv(n, cfg.block_n)
     row_tiles = 1 if grouping is not None else triton.cdiv(m, cfg.block_m)
     nslot = grouping.num_slots if grouping is not None else 1
-    slots = min(nslot, slots_per_pass(cfg.block_k))     # slot accumulators one program holds
+    slots = min(nslot, slots_per_program(cfg))          # slot accumulators one program holds
     groups = triton.cdiv(nslot, slots)
     parts = cfg.split_k * groups                         # partial products per output tile
     if parts > 1:
@@ -117,7 +117,7 @@ def _launch_decode(x, weight, bits: _Bits, alpha, bias, out, cfg, *, grouping, m
         SLOTS=slots, SLOT_GROUPS=groups, GROUPED=grouping is not None,
         WORDS=bits.words, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", ASM=x.is_cuda,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
     )
     return out
 
@@ -140,7 +140,7 @@ def _launch_prefill(x, weight, bits: _Bits, alpha, bias, out, cfg, *, grouping, 
         WORDS=bits.words, EVEN_K=k % cfg.block_k == 0,
         OFFSETS_64=max(x.shape[0] * x.stride(0), n * weight.stride(0)) >= 2**31, HAS_BIAS=bias is not None,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", ASM=x.is_cuda,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
     )
     return out
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .configs import (DECODE_CONFIGS, DECODE_ROWS, GROUPED_DECODE_CONFIGS, GROUPED_PREFILL_CONFIGS, PREFILL_CONFIGS,
-                      KernelConfig, slots_per_pass)
+                      KernelConfig, slots_per_program)
 
 # (name, kernel, grouped, slots, configs). Grouped decode is shown for 8 deltas present (8 slots)
 # and for the most a 16-row batch can hold (16 slots, MAX_DECODE_SLOTS).
@@ -109,7 +109,7 @@ def compile_one(variant: str, kind: str, grouped: bool, nslot: int, cfg: KernelC
               "WORDS": True, "EVEN_K": True, "HAS_BIAS": False, "DOT_PRECISION": "tf32",
               "ASM": os.environ.get("ZENEDGE_SASS_ASM", "1") == "1"}
     if kind == "decode":
-        slots = min(nslot, slots_per_pass(cfg.block_k))
+        slots = min(nslot, slots_per_program(cfg))
         kernel, constexprs = _decode_kernel, {**common, "SPLIT_K": cfg.split_k, "SLOTS": slots,
                                               "SLOT_GROUPS": -(-nslot // slots)}
     else:
@@ -117,7 +117,8 @@ def compile_one(variant: str, kind: str, grouped: bool, nslot: int, cfg: KernelC
     signature, attrs = _signature(kernel, constexprs)
     src = ASTSource(kernel, signature, constexprs, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                                       "maxnreg": cfg.max_registers})
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -174,7 +175,9 @@ def _config_text(cfg: KernelConfig) -> str:
         text = f"N{cfg.block_n} M{cfg.block_m} K{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
     else:
         text = f"M{cfg.block_m} N{cfg.block_n} K{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
-    return text + (f" splitK{cfg.split_k}" if cfg.split_k > 1 else "")
+    text += f" splitK{cfg.split_k}" if cfg.split_k > 1 else ""
+    text += f" slots{cfg.slots}" if cfg.slots else ""
+    return text + (f" r{cfg.max_registers}" if cfg.max_registers else "")
 
 
 def format_table(reports: list[SassReport]) -> str:
