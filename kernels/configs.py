@@ -34,7 +34,6 @@ class KernelConfig:
     split_k: int = 1      # programs sharing one output tile along K (decode only)
     num_warps: int = 4
     num_stages: int = 3
-    max_registers: int | None = None   # ptxas cap (maxnreg): two 8-warp programs per SM need <= 128
     slots: int | None = None           # grouped decode: slot accumulators per program (None: by block_k)
 
     def as_dict(self) -> dict:
@@ -63,15 +62,13 @@ GROUPED_DECODE_CONFIGS: tuple[KernelConfig, ...] = (
 )
 
 # KernelConfig(block_n = W rows, block_m = x rows, ...). The 4-warp 128 x 128 tile uses 255 registers
-# and ~100 KB of shared memory: two programs per SM. (8 warps capped at 128 registers with
-# BLOCK_K = 64 spill a few registers under both compilers.)
+# and ~100 KB of shared memory: two programs per SM. Two 8-warp programs per SM (128 registers)
+# spill at BLOCK_K = 64 and measured slower at BLOCK_K = 32 on the H200 (RESULTS.md): left out.
 PREFILL_CONFIGS: tuple[KernelConfig, ...] = (
     KernelConfig(128, 128, 64, num_warps=4, num_stages=3),
     KernelConfig(256, 128, 64, num_warps=8, num_stages=3),
     KernelConfig(128, 128, 64, num_warps=8, num_stages=3),
     KernelConfig(128, 64, 64, num_warps=4, num_stages=4),
-    # Two 8-warp programs per SM: BLOCK_K = 32 keeps them within 128 registers without spilling.
-    KernelConfig(128, 128, 32, num_warps=8, num_stages=4, max_registers=128),
 )
 GROUPED_PREFILL_CONFIGS = PREFILL_CONFIGS
 

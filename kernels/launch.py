@@ -117,7 +117,7 @@ def _launch_decode(x, weight, bits: _Bits, alpha, bias, out, cfg, *, grouping, m
         SLOTS=slots, SLOT_GROUPS=groups, GROUPED=grouping is not None,
         WORDS=bits.words, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", ASM=x.is_cuda,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
@@ -140,7 +140,7 @@ def _launch_prefill(x, weight, bits: _Bits, alpha, bias, out, cfg, *, grouping, 
         WORDS=bits.words, EVEN_K=k % cfg.block_k == 0,
         OFFSETS_64=max(x.shape[0] * x.stride(0), n * weight.stride(0)) >= 2**31, HAS_BIAS=bias is not None,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", ASM=x.is_cuda,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 

@@ -117,8 +117,7 @@ def compile_one(variant: str, kind: str, grouped: bool, nslot: int, cfg: KernelC
     signature, attrs = _signature(kernel, constexprs)
     src = ASTSource(kernel, signature, constexprs, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
-                                       "maxnreg": cfg.max_registers})
+                              options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -176,8 +175,7 @@ def _config_text(cfg: KernelConfig) -> str:
     else:
         text = f"M{cfg.block_m} N{cfg.block_n} K{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
     text += f" splitK{cfg.split_k}" if cfg.split_k > 1 else ""
-    text += f" slots{cfg.slots}" if cfg.slots else ""
-    return text + (f" r{cfg.max_registers}" if cfg.max_registers else "")
+    return text + (f" slots{cfg.slots}" if cfg.slots else "")
 
 
 def format_table(reports: list[SassReport]) -> str:
