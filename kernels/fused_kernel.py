@@ -2,9 +2,10 @@
 
 Sign bits are read as 32-bit words (bit j of word q of a row = element 32q + j, the byte format
 of zenedge.bitdelta.pack_signs read little-endian) and expanded to ±1 two 16-bit floats at a
-time: bits 2i and 2i+1 land on the two sign bits of one 32-bit register (a multiply by
-0x40008000 spreads them 15 apart), and one XOR into the pattern of (-1, -1) gives the pair. No
-shared-memory round trip: the expansion happens in the layout the consumer wants.
+time: bits 2i and 2i+1 land on the two sign bits of one 32-bit register (a byte permute or a
+multiply moves them there, see _sign_tile), and one XOR into the pattern of (-1, -1) gives the
+pair. No shared-memory round trip: the expansion happens in the layout the consumer wants.
+(ASM: the PRMT and the mask-and-XOR LOP3 as inline PTX on CUDA; plain integer ops elsewhere.)
 
 Decode (_decode_kernel, M <= 16 rows): "swap AB", acc[BLOCK_N, BLOCK_M] = W·xᵀ with W's rows on
 the MMA's M side, so one decode step still fills a 64-row wgmma tile. The base product takes W
@@ -18,19 +19,20 @@ more precise than rounding W + α⊙S to bf16.
 Prefill (_prefill_kernel): acc[BLOCK_M, BLOCK_N] = x·W_effᵀ with W_eff = W + α⊙S built in
 registers (one FMA per pair) and handed to the MMA through shared memory as its B operand: x is
 the A operand straight from its pipelined tile. One MMA per tile (a second ±1 product would
-double the arithmetic of a compute-bound shape); the configs leave room for two programs per SM
-so one program's expansion overlaps the other's wgmma.
+double the arithmetic of a compute-bound shape); the 4-warp 128 x 128 config fits two programs
+per SM so one program's expansion can overlap the other's wgmma.
 
 Row walks:
   single:        rows in order; padding rows repeat row M-1 (loads stay in bounds, no masks).
-  grouped slots: (decode) all M <= 16 rows in one tile sorted by delta (perm); NSLOT slots
-                 (delta, lo, hi) of sorted positions, unrolled inside the K loop.
+  grouped slots: (decode) all M <= 16 rows in one tile sorted by delta (perm); the NSLOT delta
+                 slots (delta, lo, hi) of sorted positions, SLOTS of them unrolled inside one
+                 program's K loop, SLOT_GROUPS programs per output tile.
   grouped tiles: (prefill) rows sorted by delta; each row tile belongs to one segment (delta or
                  base), assigned in-kernel from the segment offsets: fixed grid, no host sync.
 
-SPLIT_K > 1 (decode only) splits K over programs; partial tiles meet in an fp32 workspace and
-the last program to arrive (atomic ticket) finishes the tile and re-zeroes the workspace, so the
-op stays one launch and needs no memset.
+SPLIT_K > 1 (decode only) splits K over programs, and slot groups split the deltas; partial
+tiles meet in an fp32 workspace and the last program to arrive (atomic ticket) finishes the tile
+and re-zeroes the workspace, so the op stays one launch and needs no memset.
 """
 
 import triton
