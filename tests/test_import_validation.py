@@ -150,3 +150,11 @@ def test_cli_import_errors_are_one_line_with_exit_2(store, lora_factory):
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
+
+
+def test_adapters_on_modules_the_runtime_does_not_serve_are_refused(store, tiny_base_dir, tmp_path):
+    shapes = {m: s for m, s in tiny_module_shapes(tiny_base_dir).items()}
+    shapes["lm_head"] = (256, 64)
+    path = write_lora_dir(tmp_path / "head", shapes, targets=("q_proj", "lm_head"))
+    with pytest.raises(InvalidAdapter, match="lm_head"):
+        policy.import_lora(store, load(), path, "head", base="tiny")

@@ -16,6 +16,7 @@ from typing import Any
 
 from zenedge import config as config_mod
 from zenedge.adapters.peft_lora import read_lora_dir
+from zenedge.adapters.targets import is_servable
 from zenedge.bases import DEFAULT_BASE, find_base, identities
 from zenedge.config import Config
 from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter
@@ -55,6 +56,10 @@ def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str |
     base_row = resolve_base(store, base)
     modules = {m: tuple(s) for m, s in base_row["modules"].items()}
     lora = read_lora_dir(Path(path), modules)
+    unservable = [m for m in lora.target_modules if not is_servable(m)]
+    if unservable:
+        raise InvalidAdapter(f"{Path(path).name}: targets {', '.join(unservable[:3])}; zenedge applies adapters to the "
+                             "attention and MLP projections of the decoder layers only")
     adapter = NewAdapter(
         kind="lora", base=base_row["name"], weights=lora.weights, rank=lora.rank,
         target_modules=lora.target_modules, config=lora.config,
