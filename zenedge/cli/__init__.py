@@ -13,6 +13,7 @@ import click
 from zenedge import __version__
 from zenedge.cli import base_cmds, budget_cmds, compress_cmds, doctor_cmds, export_cmds, merge_cmds, pool_cmds, registry_cmds, run_cmds
 from zenedge.cli import serve_cmds
+from zenedge.cli import bench_cmds
 from zenedge.errors import ZenedgeError
 
 
@@ -32,6 +33,7 @@ app.add_command(export_cmds.export)
 app.add_command(doctor_cmds.doctor)
 app.add_command(serve_cmds.serve)
 app.add_command(serve_cmds.ps)
+app.add_command(bench_cmds.bench)
 for command in (registry_cmds.search, registry_cmds.pull, registry_cmds.registry):
     app.add_command(command)
 

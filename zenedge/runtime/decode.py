@@ -1,7 +1,7 @@
 """Model stepping for generation: a prefill, then one forward per token, returning last logits.
 
 `generate()` (generate.py) owns request semantics (sampling, stop strings, streaming); a stepper
-owns the model calls and the KV cache. Three steppers, one interface:
+owns the model calls and the KV cache. The steppers share one interface:
 
 - `StaticStepper` (default): the pre-allocated `StaticKVCache`, reused across requests; ready-made
   4-D masks; nothing allocated or concatenated per token except the model's own activations.
@@ -44,14 +44,11 @@ class Stepper(Protocol):
 
 def cache_argument(model) -> str:
     """The KV-cache keyword of this transformers version (`cache` since 5.x, `past_key_values` before)."""
-    forward = getattr(model, "_zenedge_cache_kw", None)
-    if forward is None:
-        forward = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        try:
-            model._zenedge_cache_kw = forward   # read once per model: signature() costs ~50 µs
-        except AttributeError:
-            pass
-    return forward
+    keyword = getattr(model, "_zenedge_cache_kw", None)
+    if keyword is None:
+        keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        model._zenedge_cache_kw = keyword   # looked up once per model: signature() costs ~50 µs
+    return keyword
 
 
 def static_cache_supported(model) -> bool:

@@ -45,10 +45,15 @@ def densify(variant: Variant, model: torch.nn.Module) -> None:
     """Give every module of a BitDelta variant its dense W + α⊙S (built in fp32, rounded once)."""
     from zenedge.kernels.cpu import reconstruct_weight
 
+    from zenedge.runtime.cpu_weights import pack
+
     for name, module in variant.modules.items():
         if isinstance(module, BitDeltaModule) and module.dense is None:
             weight = _base_weight(model, name)
-            module.dense = reconstruct_weight(weight, module.packed, module.alpha, dtype=weight.dtype)
+            dense = reconstruct_weight(weight, module.packed, module.alpha, dtype=weight.dtype)
+            # Laid out like the base it replaces: a packed base gets a packed dense copy (one
+            # copy either way, so the bytes charged are the same).
+            module.dense = pack(dense) if getattr(model.get_submodule(name), "packed", None) is not None else dense
 
 
 def undensify(variant: Variant) -> None:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zenedge.merge.factors import LoraFactors
+from zenedge.runtime.cpu_weights import linear as packed_linear
 from zenedge.runtime.variants import BitDeltaModule, Variant
 
 
@@ -51,6 +52,7 @@ class VariantLinear(nn.Module):
         self.base = base
         self.name = name
         self.state = state
+        self.packed: torch.Tensor | None = None   # oneDNN copy of base.weight (bf16 on CPU: cpu_weights.py)
 
     @property
     def weight(self) -> torch.Tensor:  # transformers sometimes peeks at .weight (dtype/device)
@@ -58,20 +60,19 @@ class VariantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, T, in] during generation: batch rows are requests, each with its own variant.
-        base = self.base
         batch = self.state.current
         if batch is None or not batch.groups:
-            return F.linear(x, base.weight, base.bias)   # the functional call skips nn.Module dispatch
+            return self._base(x)
         if batch.uniform is not None:  # one variant for the whole batch: no gathers
             module = batch.uniform.modules.get(self.name)
             if module is None:
-                return F.linear(x, base.weight, base.bias)
+                return self._base(x)
             if isinstance(module, BitDeltaModule):
                 return self._bitdelta(x, module)
-            y = F.linear(x, base.weight, base.bias)
+            y = self._base(x)
             self._add_lora(y, x, module)
             return y
-        y = F.linear(x, base.weight, base.bias)
+        y = self._base(x)
         for variant, idx in batch.groups:
             module = variant.modules.get(self.name)
             if module is None:
@@ -82,6 +83,12 @@ class VariantLinear(nn.Module):
             else:  # BitDelta rows: the fused path gives base + delta, replacing the base rows
                 y.index_copy_(0, idx, self._bitdelta(rows, module))
         return y
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
+        # Functional calls: no nn.Module dispatch for the inner linear (210 of them per token).
+        if self.packed is None:
+            return F.linear(x, self.base.weight, self.base.bias)
+        return packed_linear(x, self.packed, self.base.bias)
 
     @staticmethod
     def _add_lora(y: torch.Tensor, x: torch.Tensor, module: LoraFactors) -> None:
@@ -96,7 +103,7 @@ class VariantLinear(nn.Module):
         this reads exactly what the base reads)."""
         dense = module.dense
         if dense is not None:
-            return F.linear(x, dense, self.base.bias)
+            return packed_linear(x, dense, self.base.bias)   # plain or oneDNN-packed, like the base
         from zenedge.kernels import bitdelta_linear
 
         shape = x.shape

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from zenedge.runtime.cpu_weights import pack_model, packing_available
 from zenedge.runtime.layers import VariantState, patch_model
 from zenedge.runtime.static_cache import KVCachePool
 
@@ -48,6 +49,8 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
     model.to(device).eval()
     model.requires_grad_(False)
     state = patch_model(model, device)
+    if packing_available(dtype, device):
+        pack_model(model)   # bf16 on CPU: oneDNN-packed weights for the matmuls (cpu_weights.py)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos = model.generation_config.eos_token_id

@@ -1,0 +1,69 @@
+"""bf16 on CPU: weights packed for oneDNN's linear give the plain bf16 model's logits (up to
+bf16 rounding), keep the tied head tied, and serve LoRA and BitDelta rows."""
+
+import pytest
+import torch
+
+from zenedge.runtime import cpu_weights
+from zenedge.runtime.dense_bitdelta import densify
+from zenedge.runtime.layers import VariantLinear
+from zenedge.runtime.model import load_resident
+
+CPU = torch.device("cpu")
+needs_onednn_bf16 = pytest.mark.skipif(not cpu_weights.packing_available(torch.bfloat16, CPU),
+                                       reason="this torch has no oneDNN bf16 linear")
+
+
+def test_auto_dtype_on_cpu_is_bf16_exactly_where_it_can_be_packed():
+    from zenedge.runtime.device import pick_dtype
+
+    expected = torch.bfloat16 if cpu_weights.packing_available(torch.bfloat16, CPU) else torch.float32
+    assert pick_dtype("auto", CPU) == expected
+    assert pick_dtype("float32", CPU) == torch.float32
+    assert not cpu_weights.packing_available(torch.float32, CPU)
+    assert not cpu_weights.packing_available(torch.bfloat16, torch.device("cuda"))
+
+
+@needs_onednn_bf16
+def test_packed_bf16_model_matches_the_plain_one(tiny_base_dir, monkeypatch):
+    packed = load_resident("tiny", tiny_base_dir, CPU, torch.bfloat16)
+    monkeypatch.setattr("zenedge.runtime.model.packing_available", lambda dtype, device: False)
+    plain = load_resident("tiny", tiny_base_dir, CPU, torch.bfloat16)
+    fp32 = load_resident("tiny", tiny_base_dir, CPU, torch.float32)
+    linears = [m for m in packed.model.modules() if isinstance(m, VariantLinear)]
+    assert linears and all(m.packed is not None and m.packed.is_mkldnn for m in linears)
+    assert isinstance(packed.model.lm_head, cpu_weights.PackedLinear)
+    assert packed.model.lm_head.weight is packed.model.model.embed_tokens.weight     # still tied
+    assert all(m.packed is None for m in plain.model.modules() if isinstance(m, VariantLinear))
+    ids = torch.randint(3, 99, (3, 10))
+    with torch.inference_mode():
+        got = packed.model(input_ids=ids).logits.float()
+        want = plain.model(input_ids=ids).logits.float()
+        exact = fp32.model(input_ids=ids).logits
+    scale = exact.abs().max()
+    assert (got - want).abs().max() < 0.02 * scale
+    assert (got - exact).abs().max() < 0.03 * scale
+    assert (got - exact).abs().max() > 0            # it did run in bf16
+
+
+@needs_onednn_bf16
+def test_a_dense_bitdelta_on_a_packed_base_is_packed_too(tiny_base_dir):
+    from zenedge.bitdelta.packing import pack_signs
+    from zenedge.runtime.variants import BitDeltaModule, Variant
+
+    resident = load_resident("tiny", tiny_base_dir, CPU, torch.bfloat16)
+    torch.manual_seed(0)
+    modules = {}
+    for name in resident.state.modules:
+        weight = resident.model.get_submodule(name).base.weight
+        modules[name] = BitDeltaModule(pack_signs(torch.randn(weight.shape)), torch.full((weight.shape[0],), 0.01),
+                                       weight.shape[1])
+    variant = Variant("d", "bitdelta", modules)
+    ids = torch.randint(3, 99, (2, 7))
+    with torch.inference_mode(), resident.state.using([variant, variant]):
+        packed_path = resident.model(input_ids=ids).logits.float()
+    densify(variant, resident.model)
+    assert all(m.dense.is_mkldnn for m in modules.values())
+    with torch.inference_mode(), resident.state.using([variant, variant]):
+        dense_path = resident.model(input_ids=ids).logits.float()
+    assert (dense_path - packed_path).abs().max() < 0.03 * packed_path.abs().max()

@@ -1,0 +1,88 @@
+"""Turn a benchmark result (the dict `run_bench` returns) into target checks and a Markdown table.
+Pure functions: no torch, no timing; the unit tests feed them hand-made results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# DESIGN.md "Targets", the CPU rows this benchmark measures.
+SPEEDUP_VS_TRANSFORMERS = 3.0
+BANDWIDTH_FRACTION = 0.40
+VARIANT_VS_BASE = 0.90
+SWITCH_MS = 50.0
+
+
+def find_row(rows: list[dict], engine: str, dtype: str, variant: str) -> dict | None:
+    return next((r for r in rows if r["engine"] == engine and r["dtype"] == dtype and r["variant"] == variant), None)
+
+
+def _target(name: str, target: str, value: float | None, met: bool | None, detail: str) -> dict[str, Any]:
+    return {"name": name, "target": target, "value": value, "met": met, "detail": detail}
+
+
+def targets(result: dict) -> list[dict[str, Any]]:
+    """Each CPU target with the measured value and whether it is met (None: not measured)."""
+    rows, dtype = result["rows"], result["default_cpu_dtype"]
+    hf = find_row(rows, "transformers", "float32", "base")
+    base = find_row(rows, "zenedge", dtype, "base")
+    out = []
+    if hf and base:
+        speedup = base["decode_tokens_per_s"] / hf["decode_tokens_per_s"]
+        out.append(_target("decode vs transformers' fp32 generate", f">= {SPEEDUP_VS_TRANSFORMERS:g}x", speedup,
+                           speedup >= SPEEDUP_VS_TRANSFORMERS,
+                           f"zenedge {dtype} {base['decode_tokens_per_s']:.1f} tok/s vs {hf['decode_tokens_per_s']:.1f}"))
+    if base:
+        fraction = base["bandwidth_fraction"]
+        out.append(_target("decode bytes/s vs copy bandwidth", f">= {BANDWIDTH_FRACTION:.0%}", fraction,
+                           fraction >= BANDWIDTH_FRACTION, f"zenedge {dtype} base, batch 1"))
+    for variant, label in (("LoRA r=8", "LoRA"), ("BitDelta (hot, dense)", "BitDelta")):
+        row = find_row(rows, "zenedge", dtype, variant)
+        if base and row:
+            rel = row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+            out.append(_target(f"{label} decode vs base", f">= {VARIANT_VS_BASE:g}x", rel, rel >= VARIANT_VS_BASE,
+                               f"{row['decode_tokens_per_s']:.1f} vs {base['decode_tokens_per_s']:.1f} tok/s"))
+    if "switch_ms" in result:
+        ms = result["switch_ms"]
+        out.append(_target("cached variant switch", f"< {SWITCH_MS:g} ms", ms, ms < SWITCH_MS, "cache hit + grouping"))
+    return out
+
+
+def _fmt(value: float | None, kind: str) -> str:
+    if value is None:
+        return "–"
+    if kind == "x":
+        return f"{value:.2f}×"
+    if kind == "%":
+        return f"{value:.0%}"
+    if kind == "ms":
+        return f"{value:.3g} ms"
+    return f"{value:.3g}"
+
+
+def markdown(result: dict) -> str:
+    """The table BENCHMARKS.md records: rows, loads and switches, targets."""
+    m = result["machine"]
+    lines = [
+        f"Run {result['date']} on {m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['threads']} thread(s); "
+        f"load average at start {m['load_average_at_start']}. Base: {result['base_dir']} ({result['base_source']}). "
+        f"{result['tokens']} new tokens, greedy, batch rows as listed; medians of {result['repeats']} interleaved rounds. "
+        f"Copy bandwidth (read+write) {result['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s.",
+        "",
+        "| engine | dtype | rows | variant | prefill tok/s | decode tok/s | decode tok/s per CPU-s | ms/step | MB read/step | of copy bandwidth |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(f"| {r['name']} | {r['dtype']} | {r['rows']} | {r['variant']} | {r['prefill_tokens_per_s']:.0f} | "
+                     f"{r['decode_tokens_per_s']:.1f} | {r['decode_tokens_per_cpu_s']:.1f} | {r['ms_per_step']:.1f} | "
+                     f"{r['bytes_per_step'] / 1e6:.0f} | {r['bandwidth_fraction']:.0%} |")
+    loads = result.get("cold_load_seconds", {})
+    if loads:
+        lines += ["", f"Cold load (file → servable variant): LoRA {1e3 * loads['lora']:.0f} ms, BitDelta "
+                      f"{1e3 * loads['bitdelta']:.0f} ms, + {1e3 * loads['bitdelta_densify']:.0f} ms to build its dense "
+                      f"weights. Cached switch: {result['switch_ms']:.3f} ms."]
+    lines += ["", "| target | wanted | measured | met |", "|---|---|---|---|"]
+    for t in targets(result):
+        kind = "x" if t["target"].endswith("x") else "%" if t["target"].endswith("%") else "ms"
+        met = "–" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        lines.append(f"| {t['name']} ({t['detail']}) | {t['target'].replace('x', '×')} | {_fmt(t['value'], kind)} | {met} |")
+    return "\n".join(lines)

@@ -1,0 +1,369 @@
+"""`zenedge bench run`: decode throughput on the real default base, in one process and one run.
+
+Rows: transformers' own `generate` (fp32, bf16) beside zenedge's loop for the plain base, a LoRA
+variant, a BitDelta variant (hot: dense weights; cold: the packed path) and a mixed batch of four
+variants, plus the reference loop (transformers' DynamicCache). Every row is timed once per round
+and the rounds interleave the rows, so a neighbour's load spike hits all rows alike; medians are
+reported. Besides tokens/s: cached variant switch and cold load times, bytes read per step, and
+the copy bandwidth measured in the same run (the bound decode tokens/s are compared with).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Callable
+
+from zenedge.bench import bandwidth
+
+PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
+
+
+@dataclass
+class Options:
+    tokens: int = 64
+    repeats: int = 3
+    threads: int | None = None
+    base_dir: Path | None = None
+    switches: int = 200
+
+
+@dataclass
+class Timing:
+    """One generation: seconds to the first token (prefill + one sample) and for the rest."""
+
+    prefill_wall: float
+    decode_wall: float
+    decode_cpu: float
+
+
+@dataclass
+class Case:
+    name: str
+    engine: str                   # "transformers" | "zenedge" | "zenedge-reference"
+    dtype: str
+    rows: int
+    variant: str                  # what the rows serve
+    run: Callable[[], Timing] = field(repr=False)
+    bytes_per_step: int = 0
+    timings: list[Timing] = field(default_factory=list, repr=False)
+
+
+def _progress(message: str) -> None:
+    import sys
+
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+# -- the base -----------------------------------------------------------------------------------
+
+def resolve_base(explicit: Path | None, progress=_progress) -> tuple[Path, str, tempfile.TemporaryDirectory | None]:
+    """The default base's HF directory: given, or the user's store, or converted into a temp home."""
+    from zenedge import bases, paths
+    from zenedge.store import Store
+
+    if explicit is not None:
+        return Path(explicit), f"directory {explicit}", None
+    home = paths.home()
+    if home.exists():
+        store = Store(home)
+        row = store.base(bases.DEFAULT_BASE)
+        if row is not None:
+            return store.home / row["dir"], f"store {home}", None
+    scratch = tempfile.TemporaryDirectory(prefix="zenedge-bench-")
+    progress(f"converting {bases.DEFAULT_BASE} into a temporary store (first use, ~40 s)")
+    store = Store(Path(scratch.name) / "home")
+    row = bases.ensure_base(store, bases.DEFAULT_BASE, progress=progress)
+    return store.home / row["dir"], "converted into a temporary store", scratch
+
+
+# -- timing one generation --------------------------------------------------------------------------
+
+class _Clock:
+    """Wall and CPU clocks at the start, at the first token and at the end."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.first = self.first_cpu = None
+
+    def token(self) -> None:
+        if self.first is None:
+            self.first, self.first_cpu = time.perf_counter(), time.process_time()
+
+    def done(self) -> Timing:
+        end, end_cpu = time.perf_counter(), time.process_time()
+        return Timing(self.first - self.start, end - self.first, end_cpu - self.first_cpu)
+
+
+class _Streamer:
+    """transformers' streamer protocol: put(prompt ids) once, then put(new token) per step."""
+
+    def __init__(self, clock: _Clock):
+        self.clock, self.calls = clock, 0
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.clock.token()
+
+    def end(self) -> None:
+        pass
+
+
+def transformers_case(model, input_ids, tokens: int) -> Callable[[], Timing]:
+    import torch
+
+    mask = torch.ones_like(input_ids)
+    pad = model.generation_config.pad_token_id
+    pad = pad if pad is not None else model.generation_config.eos_token_id
+
+    def run() -> Timing:
+        clock = _Clock()
+        with torch.inference_mode():
+            model.generate(input_ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                           do_sample=False, streamer=_Streamer(clock), pad_token_id=pad)
+        return clock.done()
+
+    return run
+
+
+def zenedge_case(resident, requests, stepper: str = "auto") -> Callable[[], Timing]:
+    from zenedge.runtime.generate import generate
+
+    def run() -> Timing:
+        clock = _Clock()
+        for _ in generate(resident, requests, stepper=stepper):
+            clock.token()
+        return clock.done()
+
+    return run
+
+
+# -- the run ------------------------------------------------------------------------------------------
+
+def machine() -> dict:
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "load_average_at_start": [round(x, 2) for x in load], "python": platform.python_version()}
+
+
+def _weight_bytes(model) -> int:
+    """Bytes of every 2-D weight a decode step streams: decoder linears and the output head
+    (a tied embedding is read once, as the head; the embedding lookup reads one row)."""
+    import torch
+
+    seen, total = set(), 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, torch.nn.Linear) and weight is not None and weight.data_ptr() not in seen:
+            seen.add(weight.data_ptr())
+            total += weight.numel() * weight.element_size()
+    return total
+
+
+def _kv_bytes(config, element_size: int) -> int:
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return bandwidth.kv_bytes_per_position(config.num_hidden_layers, kv_heads, head_dim, element_size)
+
+
+def _variant_extra(variant, dtype_size: int) -> int:
+    """What a variant adds to a step's reads. LoRA: its factors. Dense BitDelta: nothing beyond
+    the base's bytes when alone (it replaces W), one more weight set in a mixed batch (counted by
+    the caller). Packed BitDelta: its bits and scales, read beside W."""
+    from zenedge.runtime.variants import BitDeltaModule
+
+    if variant is None:
+        return 0
+    extra = 0
+    for module in variant.modules.values():
+        if isinstance(module, BitDeltaModule):
+            if module.dense is None:
+                extra += module.packed.numel() + module.alpha.numel() * 4
+        else:
+            extra += (module.A.numel() + module.B.numel()) * dtype_size
+    return extra
+
+
+def _dense_bytes(variant) -> int:
+    from zenedge.runtime.variants import BitDeltaModule
+
+    return sum(m.dense.numel() * m.dense.element_size() for m in variant.modules.values()
+               if isinstance(m, BitDeltaModule) and m.dense is not None)
+
+
+def run_bench(options: Options, progress=_progress) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from zenedge.bench.variants import load_bitdelta_variant, load_lora_variant, make_bitdelta, make_lora
+    from zenedge.runtime.cache import DeltaCache
+    from zenedge.runtime.dense_bitdelta import DenseBitDeltas
+    from zenedge.runtime.device import pick_dtype
+    from zenedge.runtime.generate import GenerationRequest, SamplingParams, encode_chat
+    from zenedge.runtime.model import load_resident
+
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    cpu = torch.device("cpu")
+    default_dtype = pick_dtype("auto", cpu)
+    base_dir, base_source, scratch = resolve_base(options.base_dir, progress)
+    result: dict = {"date": date.today().isoformat(), "machine": machine(), "base_dir": str(base_dir),
+                    "base_source": base_source, "tokens": options.tokens, "repeats": options.repeats,
+                    "default_cpu_dtype": str(default_dtype).replace("torch.", "")}
+    work = tempfile.TemporaryDirectory(prefix="zenedge-bench-variants-")
+    try:
+        progress("making variants: 2 PEFT LoRAs (r=8, q/k/v/o), 2 BitDeltas")
+        w = Path(work.name)
+        lora_dirs = [make_lora(base_dir, w / f"lora-{i}", seed=i) for i in range(2)]
+        delta_files = [make_bitdelta(base_dir, w, w / f"delta-{i}.bitdelta", seed=10 + i) for i in range(2)]
+
+        progress("loading residents and transformers' models")
+        residents = {dt: load_resident("bench", base_dir, cpu, dt) for dt in (torch.float32, torch.bfloat16)}
+        hf = {dt: AutoModelForCausalLM.from_pretrained(base_dir, dtype=dt).eval() for dt in (torch.float32, torch.bfloat16)}
+        tokenizer = residents[torch.float32].tokenizer
+        prompt = encode_chat(tokenizer, PROMPT)
+        input_ids = torch.tensor([prompt])
+        # No early stop: every row decodes exactly `tokens` (eos -1 never matches).
+        endless = {dt: dataclasses.replace(r, eos_ids=(-1,)) for dt, r in residents.items()}
+
+        # Variants in the default dtype, through the runtime's own cache and dense-copy manager
+        # (budget: room for all, so both BitDeltas are hot).
+        dd = default_dtype
+        resident = residents[dd]
+        cache = DeltaCache(64 << 30)
+        dense = DenseBitDeltas(cache)
+        loras = [cache.get(f"lora-{i}", lambda d=d, i=i: load_lora_variant(f"lora-{i}", d, cpu, dd))
+                 for i, d in enumerate(lora_dirs)]
+        deltas = [dense.prepare(cache.get(f"delta-{i}", lambda p=p, i=i: load_bitdelta_variant(f"delta-{i}", p, cpu)),
+                                resident.model) for i, p in enumerate(delta_files)]
+        cold_delta = load_bitdelta_variant("delta-cold", delta_files[0], cpu)        # never densified
+
+        result["cold_load_seconds"] = _cold_loads(lora_dirs[0], delta_files[0], resident, cpu, options.repeats)
+        result["switch_ms"] = _switch_ms(cache, dense, resident, ["lora-0", "delta-0"], options.switches, cpu)
+
+        n = options.tokens
+        ctx = bandwidth.mean_context(len(prompt), n)
+        kv = {dt: _kv_bytes(resident.model.config, torch.finfo(dt).bits // 8) for dt in residents}
+        weights = {dt: _weight_bytes(residents[dt].model) for dt in residents}
+
+        def one(variant):
+            return [GenerationRequest(prompt, variant, SamplingParams(max_tokens=n))]
+
+        def bytes_for(dt, variants, rows=1, mixed=False):
+            extras = [_variant_extra(v, torch.finfo(dt).bits // 8) for v in variants]
+            if mixed:   # dense BitDelta rows read their own full weights beside the base's
+                extras += [_dense_bytes(v) for v in variants if v is not None]
+            return bandwidth.step_bytes(weights[dt], extras, kv[dt], [round(ctx)] * rows).total
+
+        name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+        other = torch.bfloat16 if dd == torch.float32 else torch.float32
+        mixed = [loras[0], loras[1], deltas[0], deltas[1]]
+        mixed_requests = [GenerationRequest(prompt, v, SamplingParams(max_tokens=n)) for v in mixed]
+        cases = [Case("transformers generate", "transformers", name[dt], 1, "base",
+                      transformers_case(hf[dt], input_ids, n), bytes_for(dt, [None]))
+                 for dt in (torch.float32, torch.bfloat16)]
+        cases += [
+            Case("zenedge reference loop (DynamicCache)", "zenedge-reference", name[dd], 1, "base",
+                 zenedge_case(endless[dd], one(None), "dynamic"), bytes_for(dd, [None])),
+            Case("zenedge", "zenedge", name[dd], 1, "base", zenedge_case(endless[dd], one(None)), bytes_for(dd, [None])),
+            Case("zenedge", "zenedge", name[dd], 1, "LoRA r=8", zenedge_case(endless[dd], one(loras[0])),
+                 bytes_for(dd, [loras[0]])),
+            Case("zenedge", "zenedge", name[dd], 1, "BitDelta (hot, dense)", zenedge_case(endless[dd], one(deltas[0])),
+                 bytes_for(dd, [deltas[0]])),
+            Case("zenedge", "zenedge", name[dd], 1, "BitDelta (cold, packed)", zenedge_case(endless[dd], one(cold_delta)),
+                 bytes_for(dd, [cold_delta])),
+            Case("zenedge", "zenedge", name[dd], 4, "mixed: 2 LoRA + 2 BitDelta",
+                 zenedge_case(endless[dd], mixed_requests), bytes_for(dd, mixed, rows=4, mixed=True)),
+            Case("zenedge", "zenedge", name[other], 1, "base", zenedge_case(endless[other], one(None)),
+                 bytes_for(other, [None])),
+        ]
+        progress("copy bandwidth")
+        result["copy_bandwidth_bytes_per_s"] = bandwidth.copy_bandwidth()
+        for case in cases:                                   # warm-up: allocators, caches, first-call costs
+            case.run()
+        for round_ in range(options.repeats):
+            progress(f"round {round_ + 1}/{options.repeats}")
+            for case in cases:
+                case.timings.append(case.run())
+        copy_after = bandwidth.copy_bandwidth()
+        result["copy_bandwidth_bytes_per_s"] = statistics.median([result["copy_bandwidth_bytes_per_s"], copy_after])
+        result["rows"] = [_summarise(c, len(prompt), n, result["copy_bandwidth_bytes_per_s"]) for c in cases]
+        return result
+    finally:
+        work.cleanup()
+        if scratch is not None:
+            scratch.cleanup()
+
+
+def _summarise(case: Case, prompt_tokens: int, tokens: int, copy_bw: float) -> dict:
+    prefill = statistics.median(t.prefill_wall for t in case.timings)
+    decode = statistics.median(t.decode_wall for t in case.timings)
+    decode_cpu = statistics.median(t.decode_cpu for t in case.timings)
+    steps = max(tokens - 1, 1)
+    step_s = decode / steps
+    return {
+        "name": case.name, "engine": case.engine, "dtype": case.dtype, "rows": case.rows, "variant": case.variant,
+        "prefill_tokens_per_s": case.rows * prompt_tokens / prefill,
+        "decode_tokens_per_s": case.rows * steps / decode,
+        "decode_tokens_per_cpu_s": case.rows * steps / decode_cpu if decode_cpu > 0 else float("nan"),
+        "ms_per_step": 1e3 * step_s,
+        "ms_per_step_best": 1e3 * min(t.decode_wall for t in case.timings) / steps,
+        "bytes_per_step": case.bytes_per_step,
+        "bandwidth_fraction": bandwidth.ratio(case.bytes_per_step / step_s, copy_bw),
+        "samples": len(case.timings),
+    }
+
+
+def _cold_loads(lora_dir: Path, delta_file: Path, resident, device, repeats: int) -> dict:
+    """Seconds from a file on disk to a servable variant (and, for BitDelta, to dense weights)."""
+    from zenedge.bench.variants import load_bitdelta_variant, load_lora_variant
+    from zenedge.runtime.dense_bitdelta import densify
+
+    lora, delta, dense = [], [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        load_lora_variant("cold-lora", lora_dir, device, resident.dtype)
+        lora.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        variant = load_bitdelta_variant("cold-delta", delta_file, device)
+        delta.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        densify(variant, resident.model)
+        dense.append(time.perf_counter() - start)
+    return {"lora": statistics.median(lora), "bitdelta": statistics.median(delta),
+            "bitdelta_densify": statistics.median(dense)}
+
+
+def _switch_ms(cache, dense, resident, keys: list[str], count: int, device) -> float:
+    """Milliseconds to get a cached variant ready for a batch, alternating between two: the cache
+    lookup, the dense-copy check and the row grouping. No weights move: zenedge never merges an
+    adapter into the base, so a switch is bookkeeping."""
+    from zenedge.runtime.layers import RowVariants
+
+    times = []
+    for i in range(count):
+        key = keys[i % len(keys)]
+        start = time.perf_counter()
+        variant = dense.prepare(cache.get(key, lambda: None), resident.model)
+        RowVariants.build([variant], device)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)

@@ -1,0 +1,61 @@
+"""The variants the benchmark serves, made on the spot for whatever base it runs on: PEFT LoRA
+adapters (r=8 on q/k/v/o, random non-zero B, saved by PEFT itself) and BitDelta deltas
+(compressed with zenedge.bitdelta from a perturbed copy of the base saved by transformers).
+Their quality is irrelevant here; their shapes, formats and load paths are the real ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def make_lora(base_dir: Path, out: Path, *, seed: int, rank: int = 8) -> Path:
+    """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS,
+                                                  lora_dropout=0.0))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:      # PEFT starts B at zero: a no-op adapter would flatter nothing
+                param.normal_(0, 0.01)
+    peft_model.save_pretrained(out)
+    return out
+
+
+def make_bitdelta(base_dir: Path, work: Path, out: Path, *, seed: int, scale: float = 2e-3) -> Path:
+    """A .bitdelta file: base + scale·N(0,1) on every decoder 2-D weight, compressed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from zenedge.bitdelta import compress_model
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 2 and ".layers." in name:
+                param.add_(scale * torch.randn_like(param))
+    tuned = work / f"finetuned-{seed}"
+    model.save_pretrained(tuned)
+    compress_model(base_dir, tuned, out)
+    return out
+
+
+def load_lora_variant(key: str, directory: Path, device, dtype):
+    from zenedge.runtime.variants import load_lora
+
+    config = json.loads((directory / "adapter_config.json").read_text())
+    return load_lora(key, "lora", directory / "adapter_model.safetensors", config, device, dtype)
+
+
+def load_bitdelta_variant(key: str, path: Path, device):
+    from zenedge.runtime.variants import load_bitdelta
+
+    return load_bitdelta(key, path, device)
