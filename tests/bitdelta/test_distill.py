@@ -39,7 +39,7 @@ def test_applied_model_computes_base_plus_scaled_signs(checkpoints, tmp_path):
     w_hat = base.get_submodule(name).weight + alpha[:, None] * unpack_signs(packed, n)
     assert torch.allclose(layer(x), x @ w_hat.T, atol=1e-5)
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
-    assert trainable == {id(m.alpha) for m in model.modules() if isinstance(m, ScaledSignLinear)}
+    assert trainable == {id(m.log_scale) for m in model.modules() if isinstance(m, ScaledSignLinear)}
     norm = model.model.layers[1].post_attention_layernorm.weight
     assert torch.equal(norm, tuned.model.layers[1].post_attention_layernorm.weight)
 
@@ -72,3 +72,11 @@ def test_calibration_batches_from_text():
 def test_stdlib_texts_are_available_offline():
     texts = stdlib_texts(limit=3)
     assert len(texts) == 3 and all(len(t) >= 2000 for t in texts)
+
+
+def test_distilled_scales_stay_positive_and_never_fit_worse(checkpoints, tmp_path):
+    base, tuned, base_dir, tuned_dir = checkpoints
+    data = load_bitdelta(compress_model(base_dir, tuned_dir, tmp_path / "d.bitdelta").out_path)
+    result = distill_scales(base, tuned, data, _batches(2), steps=5, lr=0.5)  # a reckless step size
+    assert result.loss_after <= result.loss_before
+    assert all(bool((a > 0).all()) for a in result.alphas.values())

@@ -1,9 +1,15 @@
 """Scale distillation (BitDelta §3.2): train only the alphas, signs frozen, to match logits.
 
 A copy of the base model gets every compressed nn.Linear swapped for ``ScaledSignLinear``
-(x·Wᵀ + α ⊙ (x·Sᵀ), α an nn.Parameter) and the changed full tensors from the file. The loss is
-MSE between the fine-tuned model's logits and the 1-bit model's. This is a training-time
-transform only; serving uses the fused kernels.
+(x·Wᵀ + α ⊙ (x·Sᵀ)) and the changed full tensors from the file. The loss is MSE between the
+fine-tuned model's logits and the 1-bit model's. This is a training-time transform only; serving
+uses the fused kernels.
+
+What is trained is log(α/α₀) per row, not α itself: Adam's step size is about `lr` whatever the
+gradient's scale, and α is ~4e-4 for a 135M model's fine-tune, so the paper's lr = 1e-4 applied
+to α directly moved it by a quarter per step and drove some rows negative (seen on math-full:
+logit MSE 0.047 → 0.50). In log space `lr` is a relative step, α stays positive, and the result
+is kept only if it lowers the calibration loss.
 """
 
 from __future__ import annotations
@@ -30,7 +36,12 @@ class ScaledSignLinear(nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("bias", linear.bias.detach() if linear.bias is not None else None)
         self.register_buffer("signs", unpack_signs(packed.to(weight.device), weight.shape[1], dtype=weight.dtype))
-        self.alpha = nn.Parameter(alpha.detach().to(device=weight.device, dtype=torch.float32).clone())
+        self.register_buffer("alpha0", alpha.detach().to(device=weight.device, dtype=torch.float32).clone())
+        self.log_scale = nn.Parameter(torch.zeros_like(self.alpha0))  # α = α₀·exp(log_scale)
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        return self.alpha0 * self.log_scale.exp()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = F.linear(x, self.weight, self.bias)
@@ -65,7 +76,7 @@ def apply_bitdelta(base_model: nn.Module, bitdelta: BitDeltaFile) -> nn.Module:
         p.requires_grad_(False)
     for module in model.modules():
         if isinstance(module, ScaledSignLinear):
-            module.alpha.requires_grad_(True)
+            module.log_scale.requires_grad_(True)
     return model
 
 
@@ -86,12 +97,13 @@ def _mean_loss(student: nn.Module, teacher_logits: list[torch.Tensor], batches: 
 
 
 def distill_scales(base_model: nn.Module, finetuned_model: nn.Module, bitdelta_file: BitDeltaFile,
-                   calibration_batches: Iterable, steps: int, lr: float = 1e-4, *,
+                   calibration_batches: Iterable, steps: int, lr: float = 1e-3, *,
                    device: str | torch.device | None = None) -> DistillResult:
     """Train the alphas of ``bitdelta_file`` so base + α⊙S matches ``finetuned_model``'s logits.
 
     calibration_batches: tensors of input_ids [B, T] or dicts of model inputs (see calibration.py);
-    they are cycled for ``steps`` Adam steps. Returns the new alphas and the loss before/after.
+    they are cycled for ``steps`` Adam steps on log α (``lr`` is a relative step). Returns the new
+    alphas and the loss before/after; if training did not lower the loss, the initial alphas.
     """
     device = torch.device(device) if device is not None else next(base_model.parameters()).device
     batches = [_to(_inputs(b), device) for b in calibration_batches]
@@ -104,13 +116,16 @@ def distill_scales(base_model: nn.Module, finetuned_model: nn.Module, bitdelta_f
     loss_before = _mean_loss(student, teacher_logits, batches)
 
     scaled = {name: m for name, m in student.named_modules() if isinstance(m, ScaledSignLinear)}
-    optimizer = torch.optim.Adam([m.alpha for m in scaled.values()], lr=lr)
+    optimizer = torch.optim.Adam([m.log_scale for m in scaled.values()], lr=lr)
     for step, (batch, target) in zip(range(steps), itertools.cycle(zip(batches, teacher_logits))):
         optimizer.zero_grad(set_to_none=True)
         loss = F.mse_loss(student(**batch).logits.float(), target)
         loss.backward()
         optimizer.step()
     loss_after = _mean_loss(student, teacher_logits, batches)
+    if loss_after >= loss_before:  # never hand back scales that fit the fine-tune worse
+        return DistillResult(alphas={n: m.alpha0.cpu().clone() for n, m in scaled.items()},
+                             loss_before=loss_before, loss_after=loss_before, steps=steps)
     alphas = {name: m.alpha.detach().float().cpu().clone() for name, m in scaled.items()}
     return DistillResult(alphas=alphas, loss_before=loss_before, loss_after=loss_after, steps=steps)
 
