@@ -56,6 +56,7 @@ def result(**overrides):
         "date": "2026-11-30", "tokens": 64, "repeats": 3, "base_dir": "/x", "base_source": "test",
         "default_cpu_dtype": "bfloat16", "copy_bandwidth_bytes_per_s": 10e9, "switch_ms": 0.02,
         "cold_load_seconds": {"lora": 0.01, "bitdelta": 0.03, "bitdelta_densify": 0.9},
+        "gemv": {"float32 F.linear": {"ms": 40.0, "cpu_ms": 39.0, "bytes": 540_000_000, "gb_per_s": 13.5}},
         "machine": {"cpu": "test cpu", "cores": 2, "torch": "2.x", "threads": 1, "load_average_at_start": [1, 1, 1]},
         "rows": [row("transformers", "float32", "base", 10.0), row("zenedge", "bfloat16", "base", 20.0, 0.45),
                  row("zenedge", "bfloat16", "LoRA r=8", 19.0), row("zenedge", "bfloat16", "BitDelta (hot, dense)", 17.0),
@@ -87,6 +88,7 @@ def test_markdown_has_every_row_and_every_target():
     table_rows = [line for line in text.splitlines() if line.startswith("| ") and "tok/s" not in line]
     assert sum("| base |" in line or "LoRA r=8 |" in line or "BitDelta" in line for line in table_rows) >= 5
     assert "2026-11-30" in text and "test cpu" in text and "**no**" in text
+    assert "float32 F.linear 40.0 ms (13.5 GB/s" in text
     assert text.count("| yes |") == 3
 
 

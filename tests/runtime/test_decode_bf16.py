@@ -14,12 +14,11 @@ needs_onednn_bf16 = pytest.mark.skipif(not cpu_weights.packing_available(torch.b
                                        reason="this torch has no oneDNN bf16 linear")
 
 
-def test_auto_dtype_on_cpu_is_bf16_exactly_where_it_can_be_packed():
+def test_auto_dtype_is_fp32_on_cpu_and_bf16_stays_selectable():
     from zenedge.runtime.device import pick_dtype
 
-    expected = torch.bfloat16 if cpu_weights.packing_available(torch.bfloat16, CPU) else torch.float32
-    assert pick_dtype("auto", CPU) == expected
-    assert pick_dtype("float32", CPU) == torch.float32
+    assert pick_dtype("auto", CPU) == torch.float32          # BENCHMARKS.md: bf16 not reliably faster here
+    assert pick_dtype("bfloat16", CPU) == torch.bfloat16
     assert not cpu_weights.packing_available(torch.float32, CPU)
     assert not cpu_weights.packing_available(torch.bfloat16, torch.device("cuda"))
 

@@ -75,6 +75,10 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['name']} | {r['dtype']} | {r['rows']} | {r['variant']} | {r['prefill_tokens_per_s']:.0f} | "
                      f"{r['decode_tokens_per_s']:.1f} | {r['decode_tokens_per_cpu_s']:.1f} | {r['ms_per_step']:.1f} | "
                      f"{r['bytes_per_step'] / 1e6:.0f} | {r['bandwidth_fraction']:.0%} |")
+    if result.get("gemv"):
+        parts = [f"{name} {g['ms']:.1f} ms ({g['gb_per_s']:.1f} GB/s, CPU {g['cpu_ms']:.1f} ms)"
+                 for name, g in result["gemv"].items()]
+        lines += ["", "Matrix-vector products alone, one decode step's weights: " + "; ".join(parts) + "."]
     loads = result.get("cold_load_seconds", {})
     if loads:
         lines += ["", f"Cold load (file → servable variant): LoRA {1e3 * loads['lora']:.0f} ms, BitDelta "

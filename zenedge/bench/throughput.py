@@ -296,6 +296,8 @@ def run_bench(options: Options, progress=_progress) -> dict:
             Case("zenedge", "zenedge", name[other], 1, "base", zenedge_case(endless[other], one(None)),
                  bytes_for(other, [None])),
         ]
+        progress("matrix-vector products over a whole model's weights, per dtype")
+        result["gemv"] = gemv_speeds(residents, options.repeats)
         progress("copy bandwidth")
         result["copy_bandwidth_bytes_per_s"] = bandwidth.copy_bandwidth()
         for case in cases:                                   # warm-up: allocators, caches, first-call costs
@@ -312,6 +314,50 @@ def run_bench(options: Options, progress=_progress) -> dict:
         work.cleanup()
         if scratch is not None:
             scratch.cleanup()
+
+
+def gemv_speeds(residents: dict, repeats: int) -> dict:
+    """One decode step's matrix-vector products alone (batch 1, every linear weight once, in model
+    order, so each weight comes from memory as in decode): fp32, bf16 through torch's F.linear,
+    bf16 through oneDNN's packed weights. Interleaved rounds, medians; GB/s counts weight bytes."""
+    import torch
+    import torch.nn.functional as F
+
+    from zenedge.runtime.cpu_weights import linear as packed_linear
+    from zenedge.runtime.layers import VariantLinear
+
+    def weights(model, packed: bool):
+        out = []
+        for module in model.modules():
+            if isinstance(module, VariantLinear):
+                out.append(module.packed if packed else module.base.weight)
+        head = model.get_output_embeddings()
+        out.append(getattr(head, "packed", None) if packed else head.weight)
+        return [w for w in out if w is not None]
+
+    f32, b16 = residents[torch.float32].model, residents[torch.bfloat16].model
+    sets = {"float32 F.linear": (weights(f32, False), torch.float32),
+            "bfloat16 F.linear": (weights(b16, False), torch.bfloat16)}
+    if any(isinstance(m, VariantLinear) and m.packed is not None for m in b16.modules()):
+        sets["bfloat16 oneDNN packed"] = (weights(b16, True), torch.bfloat16)
+    inputs = {}
+    timings: dict[str, list[tuple[float, float]]] = {name: [] for name in sets}
+    with torch.inference_mode():
+        for round_ in range(repeats + 1):                 # round 0 warms up
+            for name, (ws, dtype) in sets.items():
+                start, cpu = time.perf_counter(), time.process_time()
+                for w in ws:
+                    x = inputs.setdefault((w.shape[1], dtype), torch.randn(1, w.shape[1], dtype=dtype))
+                    packed_linear(x, w, None) if w.is_mkldnn else F.linear(x, w)
+                if round_:
+                    timings[name].append((time.perf_counter() - start, time.process_time() - cpu))
+    out = {}
+    for name, (ws, _) in sets.items():
+        nbytes = sum(w.numel() * w.element_size() for w in ws)
+        wall = statistics.median(t[0] for t in timings[name])
+        cpu = statistics.median(t[1] for t in timings[name])
+        out[name] = {"ms": 1e3 * wall, "cpu_ms": 1e3 * cpu, "bytes": nbytes, "gb_per_s": nbytes / wall / 1e9}
+    return out
 
 
 def _summarise(case: Case, prompt_tokens: int, tokens: int, copy_bw: float) -> dict:

@@ -1,10 +1,13 @@
-"""Which device and dtype the runtime uses: CUDA in bf16 when present; on CPU bf16 where torch's
-oneDNN has a bf16 linear (the weights are then packed for it, cpu_weights.py), else fp32; unless
-`runtime.device` / `runtime.dtype` say otherwise. "float32" stays selectable everywhere.
+"""Which device and dtype the runtime uses: CUDA in bf16 when present, else CPU in fp32, unless
+`runtime.device` / `runtime.dtype` say otherwise. "bfloat16" on CPU is selectable and then uses
+oneDNN-packed weights (cpu_weights.py).
 
-Why bf16 on CPU: decode streams every weight once per token, so half the bytes is the lever, but
-only through oneDNN's packed linear; torch's plain bf16 F.linear is no faster than fp32 on the
-machines we measured. Numbers and greedy agreement with fp32: BENCHMARKS.md."""
+Why fp32 stays the CPU default: decode streams every weight once per token, so bf16's half the
+bytes should win, but on the machine we measured (BENCHMARKS.md) bf16 decode came out between
+0.9× and 1.2× of fp32 depending on the neighbours' load (torch's plain bf16 linear is slower
+than fp32; oneDNN's packed one is ~1.5× faster in isolation but not reliably so end to end),
+and bf16 changes 40% of greedy answers (quality equal: same answer loss). Revisit with a
+bandwidth-bound bf16 GEMV."""
 
 from __future__ import annotations
 
@@ -27,8 +30,4 @@ def pick_device(setting: str = "auto") -> torch.device:
 def pick_dtype(setting: str, device: torch.device) -> torch.dtype:
     if setting != "auto":
         return _DTYPES[setting]
-    if device.type == "cuda":
-        return torch.bfloat16
-    from zenedge.runtime.cpu_weights import packing_available
-
-    return torch.bfloat16 if packing_available(torch.bfloat16, device) else torch.float32
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
