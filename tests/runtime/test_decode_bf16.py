@@ -30,10 +30,10 @@ def test_packed_bf16_model_matches_the_plain_one(tiny_base_dir, monkeypatch):
     plain = load_resident("tiny", tiny_base_dir, CPU, torch.bfloat16)
     fp32 = load_resident("tiny", tiny_base_dir, CPU, torch.float32)
     linears = [m for m in packed.model.modules() if isinstance(m, VariantLinear)]
-    assert linears and all(m.packed is not None and m.packed.is_mkldnn for m in linears)
+    assert linears and all(m.onednn_weight is not None and m.onednn_weight.is_mkldnn for m in linears)
     assert isinstance(packed.model.lm_head, cpu_weights.PackedLinear)
     assert packed.model.lm_head.weight is packed.model.model.embed_tokens.weight     # still tied
-    assert all(m.packed is None for m in plain.model.modules() if isinstance(m, VariantLinear))
+    assert all(m.onednn_weight is None for m in plain.model.modules() if isinstance(m, VariantLinear))
     ids = torch.randint(3, 99, (3, 10))
     with torch.inference_mode():
         got = packed.model(input_ids=ids).logits.float()

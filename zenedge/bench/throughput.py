@@ -323,32 +323,32 @@ def gemv_speeds(residents: dict, repeats: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from zenedge.runtime.cpu_weights import linear as packed_linear
+    from zenedge.runtime.cpu_weights import linear as onednn_linear
     from zenedge.runtime.layers import VariantLinear
 
     def weights(model, packed: bool):
         out = []
         for module in model.modules():
             if isinstance(module, VariantLinear):
-                out.append(module.packed if packed else module.base.weight)
+                out.append(module.onednn_weight if packed else module.base.weight)
         head = model.get_output_embeddings()
-        out.append(getattr(head, "packed", None) if packed else head.weight)
+        out.append(getattr(head, "onednn_weight", None) if packed else head.weight)
         return [w for w in out if w is not None]
 
     f32, b16 = residents[torch.float32].model, residents[torch.bfloat16].model
     sets = {"float32 F.linear": (weights(f32, False), torch.float32),
             "bfloat16 F.linear": (weights(b16, False), torch.bfloat16)}
-    if any(isinstance(m, VariantLinear) and m.packed is not None for m in b16.modules()):
+    if any(isinstance(m, VariantLinear) and m.onednn_weight is not None for m in b16.modules()):
         sets["bfloat16 oneDNN packed"] = (weights(b16, True), torch.bfloat16)
-    inputs = {}
+    inputs = {(w.shape[1], dtype): torch.randn(1, w.shape[1], dtype=dtype) for ws, dtype in sets.values() for w in ws}
     timings: dict[str, list[tuple[float, float]]] = {name: [] for name in sets}
     with torch.inference_mode():
         for round_ in range(repeats + 1):                 # round 0 warms up
             for name, (ws, dtype) in sets.items():
                 start, cpu = time.perf_counter(), time.process_time()
                 for w in ws:
-                    x = inputs.setdefault((w.shape[1], dtype), torch.randn(1, w.shape[1], dtype=dtype))
-                    packed_linear(x, w, None) if w.is_mkldnn else F.linear(x, w)
+                    x = inputs[(w.shape[1], dtype)]
+                    onednn_linear(x, w, None) if w.is_mkldnn else F.linear(x, w)
                 if round_:
                     timings[name].append((time.perf_counter() - start, time.process_time() - cpu))
     out = {}

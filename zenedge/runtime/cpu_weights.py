@@ -50,7 +50,7 @@ class PackedLinear(nn.Module):
     def __init__(self, base: nn.Linear):
         super().__init__()
         self.base = base
-        self.packed = pack(base.weight)
+        self.onednn_weight = pack(base.weight)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -61,7 +61,7 @@ class PackedLinear(nn.Module):
         return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.packed, self.base.bias)
+        return linear(x, self.onednn_weight, self.base.bias)
 
 
 def pack_model(model: nn.Module) -> int:
@@ -73,7 +73,7 @@ def pack_model(model: nn.Module) -> int:
     packed = 0
     for name, module in list(model.named_modules()):
         if isinstance(module, VariantLinear):
-            module.packed = pack(module.base.weight)
+            module.onednn_weight = pack(module.base.weight)
             packed += 1
         elif type(module) is nn.Linear:
             parent_name, _, child = name.rpartition(".")

@@ -53,7 +53,7 @@ def densify(variant: Variant, model: torch.nn.Module) -> None:
             dense = reconstruct_weight(weight, module.packed, module.alpha, dtype=weight.dtype)
             # Laid out like the base it replaces: a packed base gets a packed dense copy (one
             # copy either way, so the bytes charged are the same).
-            module.dense = pack(dense) if getattr(model.get_submodule(name), "packed", None) is not None else dense
+            module.dense = pack(dense) if getattr(model.get_submodule(name), "onednn_weight", None) is not None else dense
 
 
 def undensify(variant: Variant) -> None:
