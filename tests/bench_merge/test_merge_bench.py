@@ -29,3 +29,12 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
     for row in result["rows"]:
         assert set(row["scores"]) == {"a", "b", "c"} and row["seconds_per_arrival"] >= 0
     assert "| 2 |" in table(result)
+
+
+def test_bench_merge_cli_rejects_bad_options_before_loading_anything():
+    from tests.conftest import run_cli
+
+    bad_method = run_cli("bench", "merge", "--methods", "zenedge,foo")
+    assert bad_method.returncode == 2 and "unknown method(s) foo" in bad_method.stderr
+    bad_slots = run_cli("bench", "merge", "--slots", "2,x")
+    assert bad_slots.returncode == 2 and "comma-separated integers" in bad_slots.stderr

@@ -254,15 +254,31 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
+def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3, 4, 5), examples: int = 32,
+        threshold: float | None = None, methods=METHODS, log=print) -> dict[str, Any]:
+    """The whole benchmark on the store's default base (converted on first use)."""
     from zenedge import bases, config, paths
     from zenedge.registry.sources import embedded_root
     from zenedge.runtime.engine import Engine
     from zenedge.store import Store
 
-    parser = argparse.ArgumentParser(prog="zenedge bench merge", description=__doc__.splitlines()[0])
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(sorted(unknown))}; choose from {', '.join(METHODS)}")
+    cfg = config.load(paths.config_path())
+    store = Store(paths.home())
+    base = bases.ensure_base(store, bases.DEFAULT_BASE, progress=log)
+    resident = Engine(store, cfg).resident(base["name"])
+    return bench(profiles_dir or embedded_root(), store.home / base["dir"], resident, orders=orders,
+                 slot_counts=tuple(slot_counts), examples=examples,
+                 threshold=threshold if threshold is not None else cfg.get("pool", "quality_threshold"),
+                 methods=tuple(methods), log=log)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m zenedge.bench.merge", description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", type=Path, default=None, help="registry folder (default: the embedded one)")
     parser.add_argument("--orders", type=int, default=3)
     parser.add_argument("--slots", default="2,3,4,5")
@@ -271,16 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    cfg = config.load(paths.config_path())
-    store = Store(paths.home())
-    base = bases.ensure_base(store, bases.DEFAULT_BASE, progress=print)
-    engine = Engine(store, cfg)
-    resident = engine.resident(base["name"])
-    result = bench(args.profiles or embedded_root(), store.home / base["dir"], resident, orders=args.orders,
-                   slot_counts=tuple(int(s) for s in args.slots.split(",")), examples=args.examples,
-                   threshold=args.threshold if args.threshold is not None else cfg.get("pool", "quality_threshold"),
-                   methods=tuple(args.methods.split(",")))
+    result = run(args.profiles, orders=args.orders, slot_counts=[int(s) for s in args.slots.split(",")],
+                 examples=args.examples, threshold=args.threshold, methods=args.methods.split(","))
     print()
     print(table(result))
     if args.json:

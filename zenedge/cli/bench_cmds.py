@@ -69,3 +69,46 @@ def dtypes(prompts: int, tokens: int, threads: int | None, base_dir: Path | None
         for name, loss in result["answer_loss"]["float32"].items():
             click.echo(f"answer loss on {name} ({result['eval_examples']} examples): fp32 {loss:.4f}, "
                        f"bf16 {result['answer_loss']['bfloat16'][name]:.4f}")
+
+
+def _int_list(ctx, param, value: str) -> tuple[int, ...]:
+    try:
+        slots = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers like 2,3,4,5, got {value!r}") from None
+    if any(k < 1 for k in slots):
+        raise click.BadParameter("slot counts must be at least 1")
+    return slots
+
+
+@bench.command("merge")
+@click.option("--profiles", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="A registry folder with LoRA profiles and eval sets (default: the embedded one).")
+@click.option("--orders", type=click.IntRange(1, 20), default=3, show_default=True, help="Random arrival orders.")
+@click.option("--slots", default="2,3,4,5", show_default=True, callback=_int_list, help="Slot counts K.")
+@click.option("--examples", type=click.IntRange(1, 1000), default=32, show_default=True,
+              help="Eval examples scored per profile.")
+@click.option("--threshold", type=click.FloatRange(0, 1), default=None,
+              help="The quality gate for zenedge's rows (default: pool.quality_threshold).")
+@click.option("--methods", default="zenedge,kmerge,ties,dare,random", show_default=True)
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write every row as JSON here.")
+@json_option
+def merge(profiles: Path | None, orders: int, slots: tuple[int, ...], examples: int, threshold: float | None,
+          methods: str, out: Path | None, json_out: bool) -> None:
+    """The K-Merge proof: every profile arrives in turn into K slots; normalised score S per method
+    (zenedge = OPCM + quality gate, K-Merge as published, TIES, DARE, random slot)."""
+    import json
+
+    from zenedge.bench import merge as merge_bench
+
+    try:
+        result = merge_bench.run(profiles, orders=orders, slot_counts=slots, examples=examples, threshold=threshold,
+                                 methods=[m.strip() for m in methods.split(",") if m.strip()], log=_progress)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2, default=str))
+    if json_out:
+        print_json(result)
+    else:
+        click.echo(merge_bench.table(result))
