@@ -4,7 +4,9 @@
     python -m profiles.recipes.quality_table --write    # replace them in profiles/README.md
 
 Only measured numbers appear: a profile without a measurement shows "not measured"; the
-BitDelta columns stay TODO until the compressed deltas are measured by whoever compresses them.
+BitDelta columns (loss / exact match of the 1-bit delta, before and after scale distillation)
+come from profiles/<name>/bitdelta_quality.json, written by whoever compresses the full
+fine-tune, and stay TODO until that file exists.
 """
 
 from __future__ import annotations
@@ -43,6 +45,21 @@ def training_table(cards: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
+def _bitdelta_cells(name: str, metric: str) -> tuple[str, str]:
+    """The 1-bit columns, from profiles/<name>/bitdelta_quality.json (written by whoever
+    compresses the fine-tune, with its own measurement of the same eval set) or TODO."""
+    path = PROFILES / name / "bitdelta_quality.json"
+    if not path.exists():
+        return "TODO (after compression)", "TODO (after compression)"
+    rows = json.loads(path.read_text()).get("rows", {})
+
+    def cell(row: dict | None) -> str:
+        if not row:
+            return "TODO"
+        return f"{_fmt(row['loss'])} / {_em(row)}" if metric == "exact_match" else _fmt(row["loss"])
+    return cell(rows.get("1-bit")), cell(rows.get("1-bit + distillation"))
+
+
 def quality_table(cards: dict[str, dict], quality: dict) -> str:
     rows = ["| profile | kind | metric | n | loss base → profile | exact match base → profile | "
             "1-bit (BitDelta) | 1-bit + scale distillation |",
@@ -50,13 +67,14 @@ def quality_table(cards: dict[str, dict], quality: dict) -> str:
     for name, card in cards.items():
         entry = quality.get(name, {})
         base, prof = entry.get("base"), entry.get("profile")
-        todo = "TODO (after compression)" if card["kind"] == "bitdelta" else "n/a"
+        one_bit, distilled = _bitdelta_cells(name, card["metric"]) if card["kind"] == "bitdelta" else ("n/a", "n/a")
         if not prof:
-            rows.append(f"| `{name}` | {card['kind']} | {card['metric']} | – | not measured | not measured | {todo} | {todo} |")
+            rows.append(f"| `{name}` | {card['kind']} | {card['metric']} | – | not measured | not measured | "
+                        f"{one_bit} | {distilled} |")
             continue
         em = f"{_em(base)} → **{_em(prof)}**" if card["metric"] == "exact_match" else "–"
         rows.append(f"| `{name}` | {card['kind']} | {card['metric']} | {prof['n']} | "
-                    f"{_fmt(base['loss'])} → **{_fmt(prof['loss'])}** | {em} | {todo} | {todo} |")
+                    f"{_fmt(base['loss'])} → **{_fmt(prof['loss'])}** | {em} | {one_bit} | {distilled} |")
     return "\n".join(rows)
 
 
