@@ -7,6 +7,8 @@ LoRAX, Ray Serve LLM all take one PEFT directory per adapter).
 - BitDelta variants → `hf-merged`: a full Hugging Face model directory with W_base + α⊙sign(Δ)
   (the base's config and tokenizer), or `--bitdelta-as lora`: a rank-r LoRA approximation by
   truncated SVD of α⊙S, with its relative error reported.
+- `--format hf-merged`: every profile as a full merged model (W_base + s·B·A for LoRA), for
+  engines without adapter support (llama.cpp's converter, plain `from_pretrained`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from zenedge.errors import InvalidInput
 from zenedge.store import Store
@@ -37,10 +39,27 @@ def _peft_dir(store: Store, adapter: dict[str, Any], dest: Path, base_id: str) -
     shutil.copyfile(store.blob_path(adapter["sha256"]), dest / "adapter_model.safetensors")
 
 
-def _bitdelta_merged(store: Store, adapter: dict[str, Any], dest: Path) -> None:
-    from safetensors.torch import load_file, save_file
+def _module_deltas(store: Store, adapter: dict[str, Any]) -> Iterator[tuple[str, Callable[[], Any]]]:
+    """(module, () → dense fp32 ΔW) for a stored variant: each ΔW is built only when it is applied."""
+    if adapter["kind"] == "bitdelta":
+        from zenedge.bitdelta import decompress, load_bitdelta
 
-    from zenedge.bitdelta import decompress, load_bitdelta
+        delta = load_bitdelta(store.blob_path(adapter["sha256"]))
+        for module, (packed, alpha, in_features) in delta.modules.items():
+            yield module, lambda p=packed, a=alpha, n=in_features: decompress(p, a, n)
+    else:
+        import torch
+
+        from zenedge.adapters.lora_tensors import read_lora_factors
+
+        factors = read_lora_factors(store.blob_path(adapter["sha256"]), adapter["config"], dtype=torch.float32)
+        for module, f in factors.items():
+            yield module, lambda f=f: f.scale * (f.B @ f.A)
+
+
+def _merged_model(store: Store, adapter: dict[str, Any], dest: Path) -> None:
+    """A Hugging Face model directory holding W_base + ΔW, with the base's config and tokenizer."""
+    from safetensors.torch import load_file, save_file
 
     base = store.base(adapter["base"])
     base_dir = store.home / base["dir"]
@@ -48,14 +67,14 @@ def _bitdelta_merged(store: Store, adapter: dict[str, Any], dest: Path) -> None:
     for item in base_dir.iterdir():
         if item.is_file() and not item.name.endswith(".safetensors"):
             shutil.copyfile(item, dest / item.name)
-    delta = load_bitdelta(store.blob_path(adapter["sha256"]))
+    deltas = dict(_module_deltas(store, adapter))
     for weights in sorted(base_dir.glob("*.safetensors")):
         tensors = load_file(weights)
-        for module, (packed, alpha, in_features) in delta.modules.items():
+        for module, delta in deltas.items():
             key = f"{module}.weight"
-            if key in tensors:  # W_base + α⊙S, in fp32 then back to the checkpoint's dtype
+            if key in tensors:  # summed in fp32, then back to the checkpoint's dtype
                 w = tensors[key]
-                tensors[key] = (w.float() + decompress(packed, alpha, in_features)).to(w.dtype).contiguous()
+                tensors[key] = (w.float() + delta()).to(w.dtype).contiguous()
         save_file(tensors, str(dest / weights.name), metadata={"format": "pt"})
         del tensors
 
@@ -82,8 +101,10 @@ def _bitdelta_lora(store: Store, adapter: dict[str, Any], dest: Path, rank: int,
     return (err2 / total2) ** 0.5 if total2 else 0.0
 
 
-def export(store: Store, dest: Path, names: list[str] | None = None, *, bitdelta_as: str = "hf-merged",
-           rank: int = 64) -> dict[str, Any]:
+def export(store: Store, dest: Path, names: list[str] | None = None, *, format: str = "peft",
+           bitdelta_as: str = "hf-merged", rank: int = 64) -> dict[str, Any]:
+    if format not in ("peft", "hf-merged"):
+        raise InvalidInput("--format must be peft or hf-merged")
     if bitdelta_as not in ("hf-merged", "lora"):
         raise InvalidInput("--bitdelta-as must be hf-merged or lora")
     dest = Path(dest)
@@ -100,7 +121,10 @@ def export(store: Store, dest: Path, names: list[str] | None = None, *, bitdelta
         base_id = hub_id(store, adapter["base"])
         entry: dict[str, Any] = {"dir": folder, "kind": adapter["kind"], "base": adapter["base"],
                                  "base_model": base_id, "serves": members}
-        if adapter["kind"] in ("lora", "merged"):
+        if format == "hf-merged":
+            _merged_model(store, adapter, dest / folder)
+            entry["format"] = "hf-merged"
+        elif adapter["kind"] in ("lora", "merged"):
             _peft_dir(store, adapter, dest / folder, base_id)
             entry["format"], entry["rank"] = "peft", adapter["rank"]
         elif bitdelta_as == "lora":
@@ -108,7 +132,7 @@ def export(store: Store, dest: Path, names: list[str] | None = None, *, bitdelta
             entry["relative_error"] = _bitdelta_lora(store, adapter, dest / folder, rank, base_id)
             entry["note"] = f"rank-{rank} SVD approximation of the 1-bit delta"
         else:
-            _bitdelta_merged(store, adapter, dest / folder)
+            _merged_model(store, adapter, dest / folder)
             entry["format"] = "hf-merged"
         for alias in members:  # one directory name per profile (Ray Serve addresses adapters by folder)
             if alias != folder and not (dest / alias).exists():

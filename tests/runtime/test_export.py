@@ -59,3 +59,20 @@ def test_bitdelta_as_lora_reports_its_error(engine, store, cfg, delta_file, tmp_
     high = export(store, tmp_path / "r64", ["full"], bitdelta_as="lora", rank=64)["adapters"][0]
     assert 0 <= high["relative_error"] < low["relative_error"] < 1
     assert high["relative_error"] < 1e-5  # rank 64 ≥ every tiny dimension: exact
+
+
+def test_format_hf_merged_folds_every_profile_into_a_full_model(engine, store, cfg, imported, delta_file,  # noqa: F811
+                                                                tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    imported("solo", seed=6)
+    policy.import_bitdelta(store, cfg, delta_file(7), "full", base="tiny")
+    manifest = export(store, tmp_path / "out", format="hf-merged")
+    assert {e["format"] for e in manifest["adapters"]} == {"hf-merged"}
+    assert "vllm" not in manifest["serve"]  # nothing left for --enable-lora
+    input_ids = torch.randint(3, 99, (2, 7))
+    for name in ("solo", "full"):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / manifest["aliases"][name]).eval()
+        with torch.no_grad():
+            expected = model(input_ids=input_ids).logits
+        assert (runtime_logits(engine, name, input_ids) - expected).abs().max() < 1e-4
