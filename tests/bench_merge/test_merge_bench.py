@@ -18,17 +18,28 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
     for i, (name, metric) in enumerate([("a", "loss"), ("b", "exact_match"), ("c", "loss")]):
         write_lora_dir(root / name / "adapter", shapes, seed=i, scale=0.2)
         (root / name / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"p{j}", "answer": "ab"}) + "\n"
-                                                        for j in range(6)))
+                                                        for j in range(10)))
         (root / name / "recipe.json").write_text(json.dumps({"name": name, "metric": metric}))
-    result = bench(root, tiny_base_dir, resident, orders=1, slot_counts=(2,), examples=6,
-                   methods=METHODS, log=lambda *_: None)
-    assert {r["method"] for r in result["rows"]} == set(METHODS)
-    [ours] = [r for r in result["rows"] if r["method"] == "zenedge"]
+    result = bench(root, tiny_base_dir, resident, orders=1, slot_counts=(2,), examples=6, gate_examples=4,
+                   thresholds=(0.0, 0.7), methods=METHODS, log=lambda *_: None)
+    assert [r["method"] for r in result["rows"]] == ["zenedge@0", "zenedge@0.7", "kmerge", "ties", "dare", "random"]
+    [ours] = [r for r in result["rows"] if r["method"] == "zenedge@0.7"]
     assert [a["action"] for a in ours["actions"]][:2] == ["stored", "stored"]
     assert ours["actions"][2]["action"] in {"merged", "evicted"}  # K=2: the third arrival is under pressure
     for row in result["rows"]:
         assert set(row["scores"]) == {"a", "b", "c"} and row["seconds_per_arrival"] >= 0
-    assert "| 2 |" in table(result)
+    assert "| 2 |" in table(result) and "zenedge@0.7" in table(result)
+
+
+def test_the_gate_never_sees_the_scored_examples(tmp_path):
+    from zenedge.bench.merge import Profile, write_gate_slices
+
+    eval_path = tmp_path / "eval.jsonl"
+    eval_path.write_text("".join(json.dumps({"prompt": f"p{j}", "answer": str(j)}) + "\n" for j in range(10)))
+    profile = Profile("a", tmp_path, eval_path, "loss", {})
+    write_gate_slices([profile], scored=6, gate_examples=3, directory=tmp_path)
+    gate = [json.loads(line)["prompt"] for line in profile.gate_eval_path.read_text().splitlines()]
+    assert gate == ["p6", "p7", "p8"]
 
 
 def test_bench_merge_cli_rejects_bad_options_before_loading_anything():
@@ -38,3 +49,5 @@ def test_bench_merge_cli_rejects_bad_options_before_loading_anything():
     assert bad_method.returncode == 2 and "unknown method(s) foo" in bad_method.stderr
     bad_slots = run_cli("bench", "merge", "--slots", "2,x")
     assert bad_slots.returncode == 2 and "comma-separated integers" in bad_slots.stderr
+    bad_threshold = run_cli("bench", "merge", "--thresholds", "0.5,1.5")
+    assert bad_threshold.returncode == 2 and "between 0 and 1" in bad_threshold.stderr

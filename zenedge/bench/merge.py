@@ -3,9 +3,11 @@
 For 3 arrival orders and K ∈ {2, 3, 4, 5} slots, every LoRA profile of the registry arrives in
 turn; after the last arrival each profile is scored on its own eval set with whatever serves it:
 
-  zenedge         the product itself: a fresh pool with pool.max_adapters = K, profiles imported
-                  through the real policy (similarity → low-rank OPCM → quality gate → merge,
-                  else evict). An evicted profile is served by the base.
+  zenedge@T       the product itself: a fresh pool with pool.max_adapters = K and
+                  pool.quality_threshold = T, profiles imported through the real policy
+                  (similarity → low-rank OPCM → quality gate → merge, else evict). An evicted
+                  profile is served by the base. The gate sees its own slice of each eval set
+                  (the examples after the scored ones), never the examples that are scored.
   kmerge          K-Merge as published: argmax-similarity slot, PEFT factor-space running average
                   with weights [1 − 1/n, 1/n] (merge method `kmerge-linear`).
   ties, dare      the same slot choice, merged with TIES / DARE (weights [1 − 1/n, 1/n]).
@@ -44,6 +46,7 @@ class Profile:
     encoded: list = field(default_factory=list)
     prompts: list = field(default_factory=list)
     answers: list = field(default_factory=list)
+    gate_eval_path: Path | None = None
     base: dict = field(default_factory=dict)
     own: dict = field(default_factory=dict)
 
@@ -162,6 +165,19 @@ def simulate(method: str, order: list[Profile], slots: int, seed: int) -> tuple[
     return serving, times
 
 
+def write_gate_slices(profiles: list[Profile], scored: int, gate_examples: int, directory: Path) -> None:
+    """Give each profile a gate eval file disjoint from the examples the benchmark scores."""
+    from zenedge.evaluation import load_eval_set
+
+    for profile in profiles:
+        held_out = load_eval_set(profile.eval_path)[scored:scored + gate_examples]
+        if not held_out:
+            raise ValueError(f"{profile.eval_path}: no examples left for the gate after the {scored} scored ones")
+        path = directory / f"{profile.name}.gate.jsonl"
+        path.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in held_out))
+        profile.gate_eval_path = path
+
+
 def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: float) -> tuple[dict, list[float], list]:
     """The real product: a fresh pool, the real policy, the real gate."""
     from zenedge import bases, config, policy
@@ -181,8 +197,8 @@ def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: flo
         times, actions = [], []
         for profile in order:
             start = time.perf_counter()
-            result = policy.import_lora(store, cfg, profile.adapter_dir, profile.name, eval_path=profile.eval_path,
-                                        engine=engine)
+            result = policy.import_lora(store, cfg, profile.adapter_dir, profile.name,
+                                        eval_path=profile.gate_eval_path or profile.eval_path, engine=engine)
             times.append(time.perf_counter() - start)
             actions.append({"name": profile.name, "action": result.get("action"),
                             "merged_with": result.get("merged_with"), "evicted": result.get("evicted")})
@@ -199,10 +215,13 @@ def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: flo
 
 
 def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot_counts=(2, 3, 4, 5),
-          examples: int = 32, threshold: float = 0.7, methods=METHODS, log=print) -> dict[str, Any]:
+          examples: int = 32, thresholds=(0.7,), gate_examples: int = 32, methods=METHODS,
+          log=print) -> dict[str, Any]:
     from zenedge.runtime.variants import lora_variant
 
     profiles = load_profiles(profiles_dir, examples)
+    gate_dir = tempfile.TemporaryDirectory()
+    write_gate_slices(profiles, examples, gate_examples, Path(gate_dir.name))
     scorer = Scorer(resident, examples)
     for profile in profiles:
         scorer.prepare(profile)
@@ -214,8 +233,10 @@ def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot
         order = profiles[:]
         random.Random(1000 + order_index).shuffle(order)
         for slots in slot_counts:
-            for method in methods:
-                if method == "zenedge":
+            runs = [(f"zenedge@{t:g}", t) for t in thresholds] if "zenedge" in methods else []
+            runs += [(m, None) for m in methods if m != "zenedge"]
+            for label, threshold in runs:
+                if threshold is not None:
                     serving, times, actions = run_zenedge(order, slots, base_dir, threshold)
                     served = {}
                     for p in profiles:
@@ -223,27 +244,28 @@ def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot
                         served[p.name] = (scorer.score(p, None, "base") if entry is None
                                           else scorer.score(p, entry[1], entry[0]))
                 else:
-                    factors, times = simulate(method, order, slots, seed=order_index)
+                    factors, times = simulate(label, order, slots, seed=order_index)
                     actions = []
                     served = {p.name: scorer.score(p, lora_variant("m", factors[p.name], resident),
                                                    content_key(factors[p.name])) for p in profiles}
                 scores = {p.name: normalised(p, served[p.name]) for p in profiles}
-                row = {"order": order_index, "slots": slots, "method": method,
+                row = {"order": order_index, "slots": slots, "method": label,
                        "S": sum(scores.values()) / len(scores), "scores": scores,
                        "seconds_per_arrival": sum(times) / len(times),
                        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                        "actions": actions}
                 rows.append(row)
-                log(f"order {order_index} K={slots} {method:8s} S={row['S']:.3f} "
+                log(f"order {order_index} K={slots} {label:12s} S={row['S']:.3f} "
                     f"({row['seconds_per_arrival']:.2f} s/arrival)")
+    gate_dir.cleanup()
     return {"profiles": [{"name": p.name, "metric": p.metric, "base": p.base, "own": p.own} for p in profiles],
-            "rows": rows, "threshold": threshold, "examples": examples}
+            "rows": rows, "thresholds": list(thresholds), "examples": examples, "gate_examples": gate_examples}
 
 
 def table(result: dict[str, Any]) -> str:
     """Mean S over orders per (K, method), as a markdown table."""
     slot_counts = sorted({r["slots"] for r in result["rows"]})
-    methods = [m for m in METHODS if any(r["method"] == m for r in result["rows"])]
+    methods = list(dict.fromkeys(r["method"] for r in result["rows"]))
     lines = ["| K | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     for k in slot_counts:
         cells = []
@@ -255,7 +277,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3, 4, 5), examples: int = 32,
-        threshold: float | None = None, methods=METHODS, log=print) -> dict[str, Any]:
+        thresholds=None, gate_examples: int = 32, methods=METHODS, log=print) -> dict[str, Any]:
     """The whole benchmark on the store's default base (converted on first use)."""
     from zenedge import bases, config, paths
     from zenedge.registry.sources import embedded_root
@@ -271,8 +293,8 @@ def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3,
     resident = Engine(store, cfg).resident(base["name"])
     return bench(profiles_dir or embedded_root(), store.home / base["dir"], resident, orders=orders,
                  slot_counts=tuple(slot_counts), examples=examples,
-                 threshold=threshold if threshold is not None else cfg.get("pool", "quality_threshold"),
-                 methods=tuple(methods), log=log)
+                 thresholds=tuple(thresholds or (cfg.get("pool", "quality_threshold"),)),
+                 gate_examples=gate_examples, methods=tuple(methods), log=log)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -283,12 +305,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--orders", type=int, default=3)
     parser.add_argument("--slots", default="2,3,4,5")
     parser.add_argument("--examples", type=int, default=32)
-    parser.add_argument("--threshold", type=float, default=None)
+    parser.add_argument("--thresholds", default=None, help="comma-separated gate thresholds (default: the config's)")
+    parser.add_argument("--gate-examples", type=int, default=32)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--json", type=Path, default=None, help="write all rows here")
     args = parser.parse_args(argv)
     result = run(args.profiles, orders=args.orders, slot_counts=[int(s) for s in args.slots.split(",")],
-                 examples=args.examples, threshold=args.threshold, methods=args.methods.split(","))
+                 examples=args.examples, gate_examples=args.gate_examples, methods=args.methods.split(","),
+                 thresholds=[float(t) for t in args.thresholds.split(",")] if args.thresholds else None)
     print()
     print(table(result))
     if args.json:

@@ -81,6 +81,18 @@ def _int_list(ctx, param, value: str) -> tuple[int, ...]:
     return slots
 
 
+def _fraction_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        values = tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers like 0.5,0.7, got {value!r}") from None
+    if any(not 0 <= v <= 1 for v in values):
+        raise click.BadParameter("thresholds are retentions between 0 and 1")
+    return values
+
+
 @bench.command("merge")
 @click.option("--profiles", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="A registry folder with LoRA profiles and eval sets (default: the embedded one).")
@@ -88,13 +100,16 @@ def _int_list(ctx, param, value: str) -> tuple[int, ...]:
 @click.option("--slots", default="2,3,4,5", show_default=True, callback=_int_list, help="Slot counts K.")
 @click.option("--examples", type=click.IntRange(1, 1000), default=32, show_default=True,
               help="Eval examples scored per profile.")
-@click.option("--threshold", type=click.FloatRange(0, 1), default=None,
-              help="The quality gate for zenedge's rows (default: pool.quality_threshold).")
+@click.option("--thresholds", default=None, callback=_fraction_list,
+              help="Quality-gate thresholds, one zenedge column each (default: pool.quality_threshold).")
+@click.option("--gate-examples", type=click.IntRange(1, 1000), default=32, show_default=True,
+              help="Eval examples the gate uses (taken after the scored ones, never the same).")
 @click.option("--methods", default="zenedge,kmerge,ties,dare,random", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write every row as JSON here.")
 @json_option
-def merge(profiles: Path | None, orders: int, slots: tuple[int, ...], examples: int, threshold: float | None,
-          methods: str, out: Path | None, json_out: bool) -> None:
+def merge(profiles: Path | None, orders: int, slots: tuple[int, ...], examples: int,
+          thresholds: tuple[float, ...] | None, gate_examples: int, methods: str, out: Path | None,
+          json_out: bool) -> None:
     """The K-Merge proof: every profile arrives in turn into K slots; normalised score S per method
     (zenedge = OPCM + quality gate, K-Merge as published, TIES, DARE, random slot)."""
     import json
@@ -102,7 +117,8 @@ def merge(profiles: Path | None, orders: int, slots: tuple[int, ...], examples: 
     from zenedge.bench import merge as merge_bench
 
     try:
-        result = merge_bench.run(profiles, orders=orders, slot_counts=slots, examples=examples, threshold=threshold,
+        result = merge_bench.run(profiles, orders=orders, slot_counts=slots, examples=examples, thresholds=thresholds,
+                                 gate_examples=gate_examples,
                                  methods=[m.strip() for m in methods.split(",") if m.strip()], log=_progress)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
