@@ -101,6 +101,31 @@ def similarity_table(quality: dict) -> str:
     return "\n".join(rows)
 
 
+def bitdelta_table(cards: dict[str, dict]) -> str:
+    """Per BitDelta profile, one run of zenedge.bench.bitdelta_quality: every row measured together
+    (the same eval examples, fp32, the 1-bit rows through zenedge's serving path)."""
+    rows = ["| profile | n | base | full fine-tune | 1-bit | 1-bit + scale distillation | fp32 delta → 1-bit file "
+            "| distillation logit MSE (calibration) |", "|---|---:|---|---|---|---|---|---|"]
+    for name, card in cards.items():
+        path = PROFILES / name / "bitdelta_quality.json"
+        if card["kind"] != "bitdelta" or not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        sizes, measured = result["sizes"], result["rows"]
+
+        def cell(row: str) -> str:
+            got = measured.get(row)
+            if not got:
+                return "–"
+            return f"{_fmt(got['loss'])} / {_em(got)}" if "exact_match" in got else _fmt(got["loss"])
+        mse = sizes.get("distill_logit_mse")
+        rows.append(f"| `{name}` | {result['examples']} | {cell('base')} | {cell('fine-tune')} | {cell('1-bit')} | "
+                    f"{cell('1-bit + distillation')} | {sizes['full_delta_bytes'] / 1e6:.0f} MB → "
+                    f"{sizes['bitdelta_bytes'] / 1e6:.1f} MB ({sizes['ratio']}×) | "
+                    f"{f'{mse[0]:.4f} → {mse[1]:.4f}' if mse else '–'} |")
+    return "\n".join(rows)
+
+
 def reproduce_block(cards: dict[str, dict]) -> str:
     """The exact command each profile was trained with (from its card)."""
     lines = [card["recipe"]["command"] for card in cards.values()]
@@ -114,6 +139,8 @@ def render() -> str:
     return "\n\n".join([
         "### Training (this machine: 2 shared CPU cores, bf16 autocast)", training_table(cards),
         "### Quality on each profile's own held-out eval set", quality_table(cards, quality),
+        "### BitDelta profiles: full fine-tune vs 1-bit vs 1-bit + scale distillation (loss / exact match, "
+        "one run each)", bitdelta_table(cards),
         "### Cross evaluation (adapters on related and unrelated eval sets)", cross_table(quality),
         "### Adapter similarity (K-Merge cosine of ΔW = B·A, mean over modules)", similarity_table(quality),
         "### Training commands (from each recipe.json)", reproduce_block(cards),
