@@ -138,7 +138,9 @@ class PoolMerger:
 
     def _gate(self, attempt: Attempt, candidate: dict[str, Any], own: Variant, merged: Variant,
               incoming: Incoming, incoming_variant: Variant) -> Attempt:
-        """Measure every member of the candidate and the newcomer on the merged variant."""
+        """Measure every member of the candidate and the newcomer on the merged variant, stopping
+        at the first member below the threshold (the merge is rejected then; each measurement is
+        a pass over an eval set, the bulk of an arrival's cost)."""
         original = candidate["kind"] != "merged"  # its own adapter still exists: anchors can be taken
         for name in self.store.names_of(candidate["id"]):
             row = self.store.name(name)
@@ -149,6 +151,8 @@ class PoolMerger:
                 attempt.qualities[name] = quality
             attempt.members.append(name)
             attempt.measurements.append(self.gate.measure(name, quality, eval_path, merged, own))
+            if not attempt.accepted:
+                return attempt
         if incoming.eval_path is not None and "own_loss" not in incoming.quality:
             incoming.quality = self.gate.anchors(incoming_variant, incoming.eval_path)
         attempt.qualities[incoming.name] = incoming.quality

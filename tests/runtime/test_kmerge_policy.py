@@ -116,6 +116,8 @@ def test_when_the_gate_fails_the_policy_evicts_or_refuses(store, tmp_path, make_
     evict = set_config(tmp_path, f"[pool]\n{budget}")
     result = policy.import_lora(store, evict, b_dir, "beta", base="tiny", eval_path=b_eval)
     assert result["action"] == "evicted" and result["evicted"] == ["alpha"]
+    [attempt] = result["attempts"]  # the gate stopped at the first member below the threshold
+    assert list(attempt["retention"]) == ["alpha"] and attempt["retention"]["alpha"] < 0.99
     assert [n["name"] for n in store.names()] == ["beta"]
     assert store.check(budget=evict.budget) == []
 
