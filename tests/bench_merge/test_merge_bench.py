@@ -29,6 +29,7 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
     for row in result["rows"]:
         assert set(row["scores"]) == {"a", "b", "c"} and row["seconds_per_arrival"] >= 0
     assert "| 2 |" in table(result) and "zenedge@0.7" in table(result)
+    assert result["integration_seconds"]["pool_size"] == 2 and result["integration_seconds"]["mean"] > 0
 
 
 def test_the_gate_never_sees_the_scored_examples(tmp_path):

@@ -165,6 +165,23 @@ def simulate(method: str, order: list[Profile], slots: int, seed: int) -> tuple[
     return serving, times
 
 
+def integration_seconds(profiles: list[Profile], alpha: float = 0.5) -> dict[str, float]:
+    """The merge itself, without the gate: for each profile arriving into a pool of all the others,
+    rank the pool by similarity and fold the profile into the best one with low-rank OPCM
+    (rank cap = the larger member's, the default `merge_rank`)."""
+    from zenedge.merge import lowrank_opcm_init, lowrank_opcm_step, rank_by_similarity
+
+    seconds = []
+    for profile in profiles:
+        pool = {p.name: p.factors for p in profiles if p is not profile}
+        start = time.perf_counter()
+        best, _ = rank_by_similarity(profile.factors, pool)[0]
+        cap = max(f.rank for a in (pool[best], profile.factors) for f in a.values())
+        lowrank_opcm_step(lowrank_opcm_init(pool[best], cap), profile.factors, alpha, cap)
+        seconds.append(time.perf_counter() - start)
+    return {"mean": sum(seconds) / len(seconds), "max": max(seconds), "pool_size": len(profiles) - 1}
+
+
 def write_gate_slices(profiles: list[Profile], scored: int, gate_examples: int, directory: Path) -> None:
     """Give each profile a gate eval file disjoint from the examples the benchmark scores."""
     from zenedge.evaluation import load_eval_set
@@ -258,8 +275,10 @@ def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot
                 log(f"order {order_index} K={slots} {label:12s} S={row['S']:.3f} "
                     f"({row['seconds_per_arrival']:.2f} s/arrival)")
     gate_dir.cleanup()
+    integration = integration_seconds(profiles)
+    log(f"integration without the gate: {integration['mean']:.3f} s mean, {integration['max']:.3f} s max")
     return {"profiles": [{"name": p.name, "metric": p.metric, "base": p.base, "own": p.own} for p in profiles],
-            "rows": rows, "thresholds": list(thresholds), "examples": examples, "gate_examples": gate_examples}
+            "rows": rows, "integration_seconds": integration, "thresholds": list(thresholds), "examples": examples, "gate_examples": gate_examples}
 
 
 def table(result: dict[str, Any]) -> str:
