@@ -282,16 +282,27 @@ def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot
 
 
 def table(result: dict[str, Any]) -> str:
-    """Mean S over orders per (K, method), as a markdown table."""
-    slot_counts = sorted({r["slots"] for r in result["rows"]})
-    methods = list(dict.fromkeys(r["method"] for r in result["rows"]))
+    """Markdown: mean S over orders per (K, method) with the worst order, then per method the
+    integration time per arrival, peak memory, and what the zenedge pools did with arrivals."""
+    rows = result["rows"]
+    slot_counts = sorted({r["slots"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+
+    def of(method: str, k: int | None = None) -> list[dict]:
+        return [r for r in rows if r["method"] == method and (k is None or r["slots"] == k)]
+
     lines = ["| K | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     for k in slot_counts:
-        cells = []
-        for m in methods:
-            values = [r["S"] for r in result["rows"] if r["slots"] == k and r["method"] == m]
-            cells.append(f"{sum(values) / len(values):.3f} (min {min(values):.3f})")
+        cells = [f"{sum(r['S'] for r in of(m, k)) / len(of(m, k)):.3f} (min {min(r['S'] for r in of(m, k)):.3f})"
+                 for m in methods]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines += ["", "| method | s per arrival (mean, all K) | peak RSS MB | arrivals: stored / merged / evicted |",
+              "|---|---|---|---|"]
+    for m in methods:
+        actions = [a["action"] for r in of(m) for a in r["actions"]]
+        counts = " / ".join(str(actions.count(a)) for a in ("stored", "merged", "evicted")) if actions else "–"
+        lines.append(f"| {m} | {sum(r['seconds_per_arrival'] for r in of(m)) / len(of(m)):.2f} | "
+                     f"{max(r['peak_rss_mb'] for r in of(m)):.0f} | {counts} |")
     return "\n".join(lines)
 
 
