@@ -32,6 +32,12 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
     assert result["integration_seconds"]["pool_size"] == 2 and result["integration_seconds"]["mean"] > 0
 
 
+def test_clipped_score_counts_a_loss_as_zero_and_caps_a_gain_at_one():
+    from zenedge.bench.merge import clipped_mean
+
+    assert clipped_mean({"a": -0.9, "b": 1.5, "c": 0.5}) == (0 + 1 + 0.5) / 3
+
+
 def test_the_gate_never_sees_the_scored_examples(tmp_path):
     from zenedge.bench.merge import Profile, write_gate_slices
 
