@@ -54,7 +54,7 @@ def _module_deltas(store: Store, adapter: dict[str, Any]) -> Iterator[tuple[str,
 
         factors = read_lora_factors(store.blob_path(adapter["sha256"]), adapter["config"], dtype=torch.float32)
         for module, f in factors.items():
-            yield module, lambda f=f: f.scale * (f.B @ f.A)
+            yield module, f.delta
 
 
 def _merged_model(store: Store, adapter: dict[str, Any], dest: Path) -> None:

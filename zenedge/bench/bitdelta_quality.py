@@ -59,9 +59,11 @@ def run(finetuned: Path, eval_path: Path, out: Path | None, distill_steps: int, 
     store = Store(paths.home())
     base = bases.ensure_base(store, bases.DEFAULT_BASE, progress=log)
     base_dir = store.home / base["dir"]
-    cfg_path = Path(tempfile.mkdtemp()) / "c.toml"
-    cfg_path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\n')
-    resident = Engine(store, config.load(cfg_path)).resident(base["name"])
+    with tempfile.TemporaryDirectory() as scratch:  # the quality table is measured in fp32 on CPU
+        cfg_path = Path(scratch) / "config.toml"
+        cfg_path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\n')
+        cfg = config.load(cfg_path)
+    resident = Engine(store, cfg).resident(base["name"])
     tokenizer = resident.tokenizer
     encoded = encode_examples(tokenizer, load_eval_set(eval_path)[:examples], 384)
     exact = metric == "exact_match"

@@ -214,12 +214,13 @@ def run_bench(options: Options, progress=_progress) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from zenedge.bench.variants import load_bitdelta_variant, load_lora_variant, make_bitdelta, make_lora
+    from zenedge.bench.variants import load_lora_variant, make_bitdelta, make_lora
     from zenedge.runtime.cache import DeltaCache
     from zenedge.runtime.dense_bitdelta import DenseBitDeltas
     from zenedge.runtime.device import pick_dtype
     from zenedge.runtime.generate import GenerationRequest, SamplingParams, encode_chat
     from zenedge.runtime.model import load_resident
+    from zenedge.runtime.variants import load_bitdelta
 
     if options.threads:
         torch.set_num_threads(options.threads)
@@ -253,9 +254,9 @@ def run_bench(options: Options, progress=_progress) -> dict:
         dense = DenseBitDeltas(cache)
         loras = [cache.get(f"lora-{i}", lambda d=d, i=i: load_lora_variant(f"lora-{i}", d, cpu, dd))
                  for i, d in enumerate(lora_dirs)]
-        deltas = [dense.prepare(cache.get(f"delta-{i}", lambda p=p, i=i: load_bitdelta_variant(f"delta-{i}", p, cpu)),
+        deltas = [dense.prepare(cache.get(f"delta-{i}", lambda p=p, i=i: load_bitdelta(f"delta-{i}", p, cpu)),
                                 resident.model) for i, p in enumerate(delta_files)]
-        cold_delta = load_bitdelta_variant("delta-cold", delta_files[0], cpu)        # never densified
+        cold_delta = load_bitdelta("delta-cold", delta_files[0], cpu)        # never densified
 
         result["cold_load_seconds"] = _cold_loads(lora_dirs[0], delta_files[0], resident, cpu, options.repeats)
         result["switch_ms"] = _switch_ms(cache, dense, resident, ["lora-0", "delta-0"], options.switches, cpu)
@@ -381,8 +382,9 @@ def _summarise(case: Case, prompt_tokens: int, tokens: int, copy_bw: float) -> d
 
 def _cold_loads(lora_dir: Path, delta_file: Path, resident, device, repeats: int) -> dict:
     """Seconds from a file on disk to a servable variant (and, for BitDelta, to dense weights)."""
-    from zenedge.bench.variants import load_bitdelta_variant, load_lora_variant
+    from zenedge.bench.variants import load_lora_variant
     from zenedge.runtime.dense_bitdelta import densify
+    from zenedge.runtime.variants import load_bitdelta
 
     lora, delta, dense = [], [], []
     for _ in range(repeats):
@@ -390,7 +392,7 @@ def _cold_loads(lora_dir: Path, delta_file: Path, resident, device, repeats: int
         load_lora_variant("cold-lora", lora_dir, device, resident.dtype)
         lora.append(time.perf_counter() - start)
         start = time.perf_counter()
-        variant = load_bitdelta_variant("cold-delta", delta_file, device)
+        variant = load_bitdelta("cold-delta", delta_file, device)
         delta.append(time.perf_counter() - start)
         start = time.perf_counter()
         densify(variant, resident.model)

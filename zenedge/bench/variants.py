@@ -54,8 +54,3 @@ def load_lora_variant(key: str, directory: Path, device, dtype):
     config = json.loads((directory / "adapter_config.json").read_text())
     return load_lora(key, "lora", directory / "adapter_model.safetensors", config, device, dtype)
 
-
-def load_bitdelta_variant(key: str, path: Path, device):
-    from zenedge.runtime.variants import load_bitdelta
-
-    return load_bitdelta(key, path, device)

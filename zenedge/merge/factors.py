@@ -61,7 +61,7 @@ class LoraFactors:
         return (self.B.shape[0], self.A.shape[1])
 
     def delta(self) -> Tensor:
-        """Dense ΔW [out, in]. O(out·in): for tests and the dense reference paths only."""
+        """Dense ΔW [out, in]. O(out·in): for tests, dense reference paths and merged-model export."""
         dtype = compute_dtype(self.A, self.B)
         return self.scale * (self.B.to(dtype) @ self.A.to(dtype))
 
