@@ -1,4 +1,4 @@
-"""`zenedge bench merge`: the K-Merge proof on the real profiles of the default base.
+"""`zenedge bench merge` (or `python -m zenedge.bench merge`): the K-Merge proof on the real profiles of the default base.
 
 For 3 arrival orders and K ∈ {2, 3, 4, 5} slots, every LoRA profile of the registry arrives in
 turn; after the last arrival each profile is scored on its own eval set with whatever serves it:
@@ -343,8 +343,3 @@ def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3,
                  thresholds=tuple(thresholds or (cfg.get("pool", "quality_threshold"),)),
                  gate_examples=gate_examples, methods=tuple(methods), log=log)
 
-
-if __name__ == "__main__":  # the same command as `zenedge bench merge`
-    from zenedge.cli.bench_cmds import merge as merge_command
-
-    merge_command(prog_name="python -m zenedge.bench.merge")
