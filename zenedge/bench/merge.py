@@ -1,4 +1,5 @@
-"""`zenedge bench merge` (or `python -m zenedge.bench merge`): the K-Merge proof on the real profiles of the default base.
+"""`zenedge bench merge` (or `python -m zenedge.bench merge`): the K-Merge proof on the real
+profiles of the default base.
 
 For 3 arrival orders and K ∈ {2, 3, 4, 5} slots, every LoRA profile of the registry arrives in
 turn; after the last arrival each profile is scored on its own eval set with whatever serves it:
