@@ -101,6 +101,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "runtime": {
         "device": Key(_choice("auto", "cpu", "cuda"), "auto", "where inference runs"),
         "dtype": Key(_choice("auto", "float32", "bfloat16", "float16"), "auto", "weights dtype"),
+        "weights": Key(_choice("auto", "full", "int8", "int4"), "auto",
+                       'CPU matmul weights: "full" or weight-only "int8" / "int4" copies'),
         "cache_budget": Key(_size, "2GiB", "memory for cached variants"),
         "pinned": Key(_strings, [], "profile names never evicted from the pool or the cache"),
     },

@@ -10,7 +10,7 @@ from zenedge.runtime.layers import VariantLinear
 from zenedge.runtime.model import load_resident
 
 CPU = torch.device("cpu")
-needs_onednn_bf16 = pytest.mark.skipif(not cpu_weights.packing_available(torch.bfloat16, CPU),
+needs_onednn_bf16 = pytest.mark.skipif(not cpu_weights.onednn_bf16_available(),
                                        reason="this torch has no oneDNN bf16 linear")
 
 
@@ -19,21 +19,21 @@ def test_auto_dtype_is_fp32_on_cpu_and_bf16_stays_selectable():
 
     assert pick_dtype("auto", CPU) == torch.float32          # BENCHMARKS.md: bf16 not reliably faster here
     assert pick_dtype("bfloat16", CPU) == torch.bfloat16
-    assert not cpu_weights.packing_available(torch.float32, CPU)
-    assert not cpu_weights.packing_available(torch.bfloat16, torch.device("cuda"))
+    assert cpu_weights.fast_copy(torch.zeros(16, 32), "full") is None               # fp32 "full" runs plain
+    assert cpu_weights.fast_copy(torch.zeros(16, 32, dtype=torch.bfloat16, device="meta"), "full") is None
 
 
 @needs_onednn_bf16
 def test_packed_bf16_model_matches_the_plain_one(tiny_base_dir, monkeypatch):
     packed = load_resident("tiny", tiny_base_dir, CPU, torch.bfloat16)
-    monkeypatch.setattr("zenedge.runtime.model.packing_available", lambda dtype, device: False)
+    monkeypatch.setattr("zenedge.runtime.model.convert_model", lambda model, fmt: 0)
     plain = load_resident("tiny", tiny_base_dir, CPU, torch.bfloat16)
     fp32 = load_resident("tiny", tiny_base_dir, CPU, torch.float32)
     linears = [m for m in packed.model.modules() if isinstance(m, VariantLinear)]
-    assert linears and all(m.onednn_weight is not None and m.onednn_weight.is_mkldnn for m in linears)
-    assert isinstance(packed.model.lm_head, cpu_weights.PackedLinear)
+    assert linears and all(isinstance(m.fast, cpu_weights.OneDnnBF16) for m in linears)
+    assert isinstance(packed.model.lm_head, cpu_weights.FastLinear)
     assert packed.model.lm_head.weight is packed.model.model.embed_tokens.weight     # still tied
-    assert all(m.onednn_weight is None for m in plain.model.modules() if isinstance(m, VariantLinear))
+    assert all(m.fast is None for m in plain.model.modules() if isinstance(m, VariantLinear))
     ids = torch.randint(3, 99, (3, 10))
     with torch.inference_mode():
         got = packed.model(input_ids=ids).logits.float()
@@ -62,7 +62,7 @@ def test_a_dense_bitdelta_on_a_packed_base_is_packed_too(tiny_base_dir):
     with torch.inference_mode(), resident.state.using([variant, variant]):
         packed_path = resident.model(input_ids=ids).logits.float()
     densify(variant, resident.model)
-    assert all(m.dense.is_mkldnn for m in modules.values())
+    assert all(isinstance(m.dense, cpu_weights.OneDnnBF16) for m in modules.values())
     with torch.inference_mode(), resident.state.using([variant, variant]):
         dense_path = resident.model(input_ids=ids).logits.float()
     assert (dense_path - packed_path).abs().max() < 0.03 * packed_path.abs().max()

@@ -1,15 +1,24 @@
-"""bf16 linears on CPU through oneDNN's pre-packed weights.
+"""Fast CPU copies of linear weights, used only for matmuls: oneDNN-packed bf16, int8, int4.
 
-A decode step is a chain of matrix-vector products, bound by how fast the weights stream from
-memory. bf16 halves the bytes, but torch's plain bf16 F.linear on CPU runs no faster than fp32
-(measured on the benchmark machine: a generic kernel converts as it goes). oneDNN's linear on a
-weight reordered once into its blocked layout (`mkldnn._reorder_linear_weight`, the op inductor's
-freezing pass emits) does run ~1.5× faster than fp32 there, so bf16 residents on CPU keep a packed
-copy of every linear weight beside the plain one. The plain tensor stays the model's parameter
-(state_dict, BitDelta reconstruction, quality gates read it); the packed one is only for matmuls.
-Memory: bf16 plain + packed = the bytes of one fp32 copy.
+A decode step on CPU is a chain of matrix-vector products bound by how fast the weights stream
+from memory, so the lever is fewer bytes per weight read by a kernel that keeps up:
 
-GPU and fp32 are untouched: this transform applies only to bf16 weights on a CPU with oneDNN bf16.
+- `OneDnnBF16`: a bf16 weight reordered once into oneDNN's blocked layout (the op inductor's
+  freezing pass emits). torch's plain bf16 F.linear converts as it goes and runs no faster than
+  fp32; the packed one does. Used when the model itself is bf16.
+- `Int8Weight`: weight-only int8, one scale per output channel (`aten._weight_int8pack_mm`).
+- `Int4Weight`: weight-only int4, asymmetric, one scale and zero per 32 inputs
+  (`aten._weight_int4pack_mm_for_cpu`, the CPU twin of gpt-fast's tinygemm path). A quarter of
+  the bf16 bytes (plus 1/8 for scales): ~4× faster than fp32 per step's matmuls here
+  (BENCHMARKS.md), answer loss within 1 % of fp32 on the profiles' eval sets.
+
+The quantized kernels want bf16 activations (their fp32 paths are 10-30× slower), so `linear`
+casts x to bf16 and the result back: two tiny copies per matmul, whatever the model's dtype.
+The plain weight stays the model's parameter (state_dict, BitDelta reconstruction, LoRA export
+and the quality gates read it); the fast copy is extra memory (int4: +1/7 of an fp32 model).
+
+`runtime.weights` picks the format: "full" (the model dtype's own weights, packed when bf16),
+"int8" or "int4"; CPU only. A weight whose shape a kernel cannot take stays plain.
 """
 
 from __future__ import annotations
@@ -18,10 +27,102 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+WEIGHT_FORMATS = ("full", "int8", "int4")
 
-def packing_available(dtype: torch.dtype, device: torch.device) -> bool:
-    """True where `pack` applies: CPU, bf16, a torch built with oneDNN that supports bf16 here."""
-    if device.type != "cpu" or dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+
+class CpuWeight:
+    """A matmul-only copy of an [out, in] weight: `linear(x, bias)` == F.linear(x, W, bias) up to
+    the format's rounding."""
+
+    nbytes: int
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        y = self._matmul(flat)
+        if bias is not None:
+            y = y + bias
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    def _matmul(self, flat: torch.Tensor) -> torch.Tensor:  # [N, in] → [N, out], in flat's dtype
+        raise NotImplementedError
+
+
+class OneDnnBF16(CpuWeight):
+    """bf16 in oneDNN's blocked layout (batch hint 1: laid out for decode)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+        self.nbytes = weight.numel() * 2
+
+    @staticmethod
+    def fits(weight: torch.Tensor) -> bool:
+        return weight.dtype == torch.bfloat16 and onednn_bf16_available()
+
+    def linear(self, x, bias):
+        flat = x.reshape(-1, x.shape[-1])
+        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, bias, "none", [], "")
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+
+class Int8Weight(CpuWeight):
+    """Symmetric int8 per output channel: W ≈ q · s[out]."""
+
+    def __init__(self, weight: torch.Tensor):
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        self.q = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        self.scale = scale.to(torch.bfloat16)
+        self.nbytes = self.q.numel() + self.scale.numel() * 2
+
+    @staticmethod
+    def fits(weight: torch.Tensor) -> bool:
+        return True
+
+    def _matmul(self, flat):
+        return torch._weight_int8pack_mm(flat.to(torch.bfloat16), self.q, self.scale).to(flat.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.q.float() * self.scale.float()[:, None]
+
+
+class Int4Weight(CpuWeight):
+    """Asymmetric int4 in groups of GROUP inputs: W ≈ (q - 8)·scale + zero, q ∈ [0, 15] (the
+    kernel's convention: `zero` is the value of the middle code, not an integer offset)."""
+
+    GROUP = 32
+
+    def __init__(self, weight: torch.Tensor):
+        out, inp = weight.shape
+        groups = weight.detach().float().view(out, inp // self.GROUP, self.GROUP)
+        low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        scale = ((high - low) / 15).clamp(min=1e-8)
+        q = ((groups - low) / scale).round_().clamp_(0, 15).to(torch.int32).view(out, inp)
+        zero = low + 8 * scale
+        # [in/GROUP, out, 2]: what the kernel reads, bf16 like the activations it is given.
+        self.scale_zero = torch.cat([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 2)
+        self.nbytes = self.packed.numel() * self.packed.element_size() + self.scale_zero.numel() * 2
+
+    @classmethod
+    def fits(cls, weight: torch.Tensor) -> bool:
+        out, inp = weight.shape
+        return out % 16 == 0 and inp % cls.GROUP == 0    # the packing kernel's tiles
+
+    def _matmul(self, flat):
+        y = torch._weight_int4pack_mm_for_cpu(flat.to(torch.bfloat16), self.packed, self.GROUP, self.scale_zero)
+        return y.to(flat.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, in fp32 (for tests and quality checks)."""
+        eye = torch.eye(self.scale_zero.shape[0] * self.GROUP, dtype=torch.bfloat16)
+        return self._matmul(eye).float().t().contiguous()
+
+
+_FORMATS = {"int8": Int8Weight, "int4": Int4Weight}
+
+
+def onednn_bf16_available() -> bool:
+    if not torch.backends.mkldnn.is_available():
         return False
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -29,28 +130,44 @@ def packing_available(dtype: torch.dtype, device: torch.device) -> bool:
         return False
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The oneDNN-blocked copy of a bf16 [out, in] weight, laid out for decode (batch hint 1)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+def quantized_kernels_available(fmt: str) -> bool:
+    """Whether this torch build has the CPU kernel for `fmt` ("int8" / "int4")."""
+    name = {"int8": "_weight_int8pack_mm", "int4": "_weight_int4pack_mm_for_cpu"}[fmt]
+    return hasattr(torch, name) or hasattr(torch.ops.aten, name)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear for a plain or a packed weight: x [..., in] → [..., out]."""
-    if not weight.is_mkldnn:
-        return F.linear(x, weight, bias)
-    flat = x.reshape(-1, x.shape[-1])
-    y = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
-    return y.view(*x.shape[:-1], y.shape[-1])
+def fast_copy(weight: torch.Tensor, fmt: str) -> CpuWeight | None:
+    """The fast copy of a CPU weight in format `fmt`, or None where the plain weight is what
+    runs (fp32 "full", a shape the kernel cannot take, a non-CPU tensor)."""
+    if weight.device.type != "cpu" or weight.dim() != 2:
+        return None
+    cls = _FORMATS.get(fmt, OneDnnBF16)
+    return cls(weight) if cls.fits(weight) else None
 
 
-class PackedLinear(nn.Module):
-    """An nn.Linear that multiplies with a packed copy; `.weight` is still the plain parameter
-    (so a tied embedding stays tied)."""
+def fast_copy_nbytes(weight: torch.Tensor, fmt: str) -> int:
+    """Bytes `fast_copy(weight, fmt)` would take, without building it (0 where none applies)."""
+    if weight.device.type != "cpu" or weight.dim() != 2:
+        return 0
+    cls = _FORMATS.get(fmt, OneDnnBF16)
+    if not cls.fits(weight):
+        return 0
+    out, inp = weight.shape
+    if cls is Int4Weight:
+        return out * inp // 2 + (inp // Int4Weight.GROUP) * out * 2 * 2
+    if cls is Int8Weight:
+        return out * inp + out * 2
+    return out * inp * 2
 
-    def __init__(self, base: nn.Linear):
+
+class FastLinear(nn.Module):
+    """An nn.Linear (the output head) that multiplies with a fast copy; `.weight` is still the
+    plain parameter, so a tied embedding stays tied."""
+
+    def __init__(self, base: nn.Linear, fast: CpuWeight):
         super().__init__()
         self.base = base
-        self.onednn_weight = pack(base.weight)
+        self.fast = fast
 
     @property
     def weight(self) -> torch.Tensor:
@@ -61,24 +178,33 @@ class PackedLinear(nn.Module):
         return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.onednn_weight, self.base.bias)
+        return self.fast.linear(x, self.base.bias)
 
 
-def pack_model(model: nn.Module) -> int:
-    """Give every VariantLinear a packed base weight and wrap the other linears (the output
-    head) in PackedLinear. Returns the number of weights packed. Call only where
-    `packing_available` says so."""
+def linear(x: torch.Tensor, weight: torch.Tensor | CpuWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear for a plain weight or a fast copy."""
+    if isinstance(weight, CpuWeight):
+        return weight.linear(x, bias)
+    return F.linear(x, weight, bias)
+
+
+def convert_model(model: nn.Module, fmt: str) -> int:
+    """Give every VariantLinear a fast copy of its base weight in `fmt` and wrap the other
+    linears (the output head) in FastLinear. Returns how many weights got one."""
     from zenedge.runtime.layers import VariantLinear
 
-    packed = 0
+    converted = 0
     for name, module in list(model.named_modules()):
         if isinstance(module, VariantLinear):
-            module.onednn_weight = pack(module.base.weight)
-            packed += 1
+            module.fast = fast_copy(module.base.weight, fmt)
+            converted += module.fast is not None
         elif type(module) is nn.Linear:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            if not isinstance(parent, VariantLinear):          # a VariantLinear's own base: done above
-                setattr(parent, child, PackedLinear(module))
-                packed += 1
-    return packed
+            if isinstance(parent, VariantLinear):            # a VariantLinear's own base: done above
+                continue
+            fast = fast_copy(module.weight, fmt)
+            if fast is not None:
+                setattr(parent, child, FastLinear(module, fast))
+                converted += 1
+    return converted

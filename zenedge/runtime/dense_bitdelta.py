@@ -28,32 +28,30 @@ from zenedge.runtime.variants import BitDeltaModule, Variant
 
 
 def dense_nbytes(variant: Variant, model: torch.nn.Module) -> int:
-    """Bytes the dense copies of `variant` take: one base-shaped weight per delta module."""
+    """Bytes the dense copies of `variant` take: one weight per delta module, in the format the
+    base's own matmul uses (plain, packed bf16, int8 or int4: `runtime.weights`)."""
     total = 0
     for name in variant.modules:
-        weight = _base_weight(model, name)
-        total += weight.numel() * weight.element_size()
+        linear = model.get_submodule(name)
+        fast = getattr(linear, "fast", None)
+        weight = getattr(linear, "base", linear).weight   # a VariantLinear wraps the base nn.Linear
+        total += fast.nbytes if fast is not None else weight.numel() * weight.element_size()
     return total
 
 
-def _base_weight(model: torch.nn.Module, name: str) -> torch.Tensor:
-    module = model.get_submodule(name)
-    return getattr(module, "base", module).weight   # a VariantLinear wraps the base nn.Linear
-
-
 def densify(variant: Variant, model: torch.nn.Module) -> None:
-    """Give every module of a BitDelta variant its dense W + α⊙S (built in fp32, rounded once)."""
+    """Give every module of a BitDelta variant its dense W + α⊙S (built in fp32, rounded once),
+    laid out like the base weight it replaces: a base served from an int4 copy gets an int4 dense
+    copy, so a hot variant reads what the base reads."""
     from zenedge.kernels.cpu import reconstruct_weight
-
-    from zenedge.runtime.cpu_weights import pack
 
     for name, module in variant.modules.items():
         if isinstance(module, BitDeltaModule) and module.dense is None:
-            weight = _base_weight(model, name)
+            linear = model.get_submodule(name)
+            weight = getattr(linear, "base", linear).weight
             dense = reconstruct_weight(weight, module.packed, module.alpha, dtype=weight.dtype)
-            # Laid out like the base it replaces: a packed base gets a packed dense copy (one
-            # copy either way, so the bytes charged are the same).
-            module.dense = pack(dense) if getattr(model.get_submodule(name), "onednn_weight", None) is not None else dense
+            fast = getattr(linear, "fast", None)
+            module.dense = type(fast)(dense) if fast is not None else dense
 
 
 def undensify(variant: Variant) -> None:

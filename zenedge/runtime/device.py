@@ -1,6 +1,7 @@
-"""Which device and dtype the runtime uses: CUDA in bf16 when present, else CPU in fp32, unless
-`runtime.device` / `runtime.dtype` say otherwise. "bfloat16" on CPU is selectable and then uses
-oneDNN-packed weights (cpu_weights.py).
+"""Which device, dtype and CPU weight format the runtime uses: CUDA in bf16 when present, else CPU
+in fp32, unless `runtime.device` / `runtime.dtype` say otherwise. "bfloat16" on CPU is selectable
+and then uses oneDNN-packed weights; `runtime.weights` = "int8" / "int4" serves the CPU matmuls
+from weight-only quantized copies (cpu_weights.py).
 
 Why fp32 stays the CPU default: decode streams every weight once per token, so bf16's half the
 bytes should win, but on the machine we measured (BENCHMARKS.md) bf16 decode came out between
@@ -31,3 +32,18 @@ def pick_dtype(setting: str, device: torch.device) -> torch.dtype:
     if setting != "auto":
         return _DTYPES[setting]
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def pick_weights(setting: str, device: torch.device) -> str:
+    """The CPU matmul weight format: "full" (the dtype's own weights), "int8" or "int4"."""
+    from zenedge.runtime.cpu_weights import quantized_kernels_available
+
+    if setting == "auto":
+        return "full"
+    if setting != "full" and device.type != "cpu":
+        raise Unavailable(f'runtime.weights = "{setting}" is a CPU format; on {device.type} the weights stay full',
+                          hint='set runtime.weights = "auto"')
+    if setting != "full" and not quantized_kernels_available(setting):
+        raise Unavailable(f'runtime.weights = "{setting}" needs a torch with its CPU kernel ({torch.__version__} has none)',
+                          hint='set runtime.weights = "auto" or upgrade torch')
+    return setting

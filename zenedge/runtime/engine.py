@@ -12,7 +12,7 @@ from zenedge.config import Config
 from zenedge.errors import InvalidInput
 from zenedge.runtime.cache import DeltaCache
 from zenedge.runtime.dense_bitdelta import DenseBitDeltas
-from zenedge.runtime.device import pick_device, pick_dtype
+from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
 from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, encode_chat, encode_text, generate
 from zenedge.runtime.model import ResidentModel, load_resident
 from zenedge.runtime.router import Route, Router
@@ -50,6 +50,7 @@ class Engine:
         self.cfg = cfg
         self.device = pick_device(cfg.get("runtime", "device"))
         self.dtype = pick_dtype(cfg.get("runtime", "dtype"), self.device)
+        self.weights = pick_weights(cfg.get("runtime", "weights"), self.device)
         self.cache = DeltaCache(cfg.get("runtime", "cache_budget"), set(cfg.get("runtime", "pinned")))
         self.dense = DenseBitDeltas(self.cache)
         self.router = Router(store)
@@ -63,7 +64,7 @@ class Engine:
             if base not in self._residents:
                 row = bases.ensure_base(self.store, base, progress=self.progress)
                 directory = self.store.home / row["dir"]
-                self._residents[base] = load_resident(row["name"], directory, self.device, self.dtype)
+                self._residents[base] = load_resident(row["name"], directory, self.device, self.dtype, self.weights)
             return self._residents[base]
 
     def variant(self, route: Route) -> Variant | None:
@@ -119,7 +120,7 @@ class Engine:
 
     def ps(self) -> dict[str, Any]:
         return {
-            "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+            "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""), "weights": self.weights,
             "bases": [{"name": r.name, "load_seconds": r.load_seconds} for r in self._residents.values()],
             "cache_budget_bytes": self.cache.budget, "cache_used_bytes": self.cache.used_bytes,
             "variants": self.cache.snapshot(), "inflight": self.router.inflight_counts(),

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zenedge.merge.factors import LoraFactors
-from zenedge.runtime.cpu_weights import linear as onednn_linear
+from zenedge.runtime.cpu_weights import CpuWeight, linear as fast_linear
 from zenedge.runtime.variants import BitDeltaModule, Variant
 
 
@@ -52,7 +52,7 @@ class VariantLinear(nn.Module):
         self.base = base
         self.name = name
         self.state = state
-        self.onednn_weight: torch.Tensor | None = None   # packed copy of base.weight (bf16 on CPU: cpu_weights.py)
+        self.fast: CpuWeight | None = None   # matmul copy of base.weight: packed bf16 / int8 / int4 (cpu_weights.py)
 
     @property
     def weight(self) -> torch.Tensor:  # transformers sometimes peeks at .weight (dtype/device)
@@ -86,9 +86,9 @@ class VariantLinear(nn.Module):
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         # Functional calls: no nn.Module dispatch for the inner linear (210 of them per token).
-        if self.onednn_weight is None:
+        if self.fast is None:
             return F.linear(x, self.base.weight, self.base.bias)
-        return onednn_linear(x, self.onednn_weight, self.base.bias)
+        return self.fast.linear(x, self.base.bias)
 
     @staticmethod
     def _add_lora(y: torch.Tensor, x: torch.Tensor, module: LoraFactors) -> None:
@@ -103,7 +103,7 @@ class VariantLinear(nn.Module):
         this reads exactly what the base reads)."""
         dense = module.dense
         if dense is not None:
-            return onednn_linear(x, dense, self.base.bias)   # plain or oneDNN-packed, like the base
+            return fast_linear(x, dense, self.base.bias)   # plain or in the base's fast format
         from zenedge.kernels import bitdelta_linear
 
         shape = x.shape

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from zenedge.runtime.cpu_weights import pack_model, packing_available
+from zenedge.runtime.cpu_weights import convert_model
 from zenedge.runtime.layers import VariantState, patch_model
 from zenedge.runtime.static_cache import KVCachePool
 
@@ -24,6 +24,7 @@ class ResidentModel:
     dtype: torch.dtype
     load_seconds: float
     eos_ids: tuple[int, ...]
+    weights: str = "full"                # CPU matmul weight format (cpu_weights.py)
     kv_pool: KVCachePool | None = None   # static KV caches reused across requests (decode.py)
     graphs: bool = True                  # capture the decode step in a CUDA graph (CUDA only)
 
@@ -36,8 +37,11 @@ class ResidentModel:
         return self.state.modules
 
 
-def load_resident(name: str, directory: Path, device: torch.device, dtype: torch.dtype) -> ResidentModel:
-    """Load a Hugging Face directory (config.json + safetensors) as the resident base."""
+def load_resident(name: str, directory: Path, device: torch.device, dtype: torch.dtype,
+                  weights: str = "full") -> ResidentModel:
+    """Load a Hugging Face directory (config.json + safetensors) as the resident base. On CPU its
+    linears get fast matmul copies in the `weights` format (cpu_weights.py: packed bf16 when the
+    dtype is bf16, int8 / int4 when asked)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -49,10 +53,10 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
     model.to(device).eval()
     model.requires_grad_(False)
     state = patch_model(model, device)
-    if packing_available(dtype, device):
-        pack_model(model)   # bf16 on CPU: oneDNN-packed weights for the matmuls (cpu_weights.py)
+    if device.type == "cpu":
+        convert_model(model, weights)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
-    return ResidentModel(name, model, tokenizer, state, device, dtype, time.perf_counter() - start, eos_ids)
+    return ResidentModel(name, model, tokenizer, state, device, dtype, time.perf_counter() - start, eos_ids, weights)

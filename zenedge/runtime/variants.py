@@ -22,7 +22,7 @@ class BitDeltaModule:
     packed: torch.Tensor  # uint8 [out, ceil(in/8)]
     alpha: torch.Tensor   # fp32 [out]
     in_features: int
-    dense: torch.Tensor | None = None  # optional cached W_base + α⊙S for hot variants
+    dense: object | None = None  # cached W_base + α⊙S for hot variants: a tensor or a CpuWeight (cpu_weights.py)
 
 
 @dataclass

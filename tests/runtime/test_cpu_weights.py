@@ -1,0 +1,122 @@
+"""Weight-only int8 / int4 CPU copies: the kernels multiply by what the quantizer says they do,
+rounding stays within the format's step, shapes a kernel cannot take stay plain, and a resident
+served from int4 copies keeps LoRA rows exact on top of it and densifies BitDelta in int4 too."""
+
+import json
+
+import pytest
+import torch
+
+from zenedge.runtime import cpu_weights
+from zenedge.runtime.cpu_weights import Int4Weight, Int8Weight, fast_copy, fast_copy_nbytes
+from zenedge.runtime.dense_bitdelta import dense_nbytes, densify
+from zenedge.runtime.layers import VariantLinear
+from zenedge.runtime.model import load_resident
+
+CPU = torch.device("cpu")
+needs = {fmt: pytest.mark.skipif(not cpu_weights.quantized_kernels_available(fmt), reason=f"no {fmt} CPU kernel")
+         for fmt in ("int8", "int4")}
+
+
+@pytest.mark.parametrize("fmt", [pytest.param("int8", marks=needs["int8"]), pytest.param("int4", marks=needs["int4"])])
+def test_the_kernel_multiplies_by_the_dequantized_weight(fmt):
+    torch.manual_seed(0)
+    weight = torch.randn(48, 96) * 0.05
+    fast = fast_copy(weight, fmt)
+    x = torch.randn(5, 96)
+    deq = fast.dequantized()
+    # Within the format's step: half a code per element (int8: per row; int4: per 32-input group),
+    # plus bf16 rounding of the scales (2^-8 relative).
+    if fmt == "int8":
+        step = weight.abs().amax(1, keepdim=True) / 127
+    else:
+        groups = weight.view(48, 3, 32)
+        step = ((groups.amax(-1) - groups.amin(-1)) / 15).repeat_interleave(32, dim=1)
+    assert ((deq - weight).abs() <= step / 2 + 0.01 * step + 0.01 * weight.abs()).all()
+    got = fast.linear(x, None)
+    want = x.bfloat16().float() @ deq.t()
+    assert got.dtype == torch.float32                                  # back in the activations' dtype
+    assert (got - want).abs().max() < 0.02 * want.abs().max()
+    assert fast.nbytes == fast_copy_nbytes(weight, fmt)
+    assert fast.nbytes < weight.numel() * (1.1 if fmt == "int8" else 0.65)   # int4: 0.5 + 4/32 bytes; fp32: 4
+
+
+@needs["int4"]
+def test_shapes_the_int4_kernel_cannot_take_stay_plain():
+    assert fast_copy(torch.randn(33, 64), "int4") is None                # out not a multiple of 16
+    assert fast_copy(torch.randn(32, 48), "int4") is None                # in not a multiple of 32
+    assert fast_copy_nbytes(torch.randn(33, 64), "int4") == 0
+    assert isinstance(fast_copy(torch.randn(32, 64), "int4"), Int4Weight)
+    assert isinstance(fast_copy(torch.randn(33, 48), "int8"), Int8Weight)   # int8 takes any shape
+
+
+@needs["int4"]
+def test_an_int4_resident_is_close_to_fp32_and_adds_lora_rows_exactly(tiny_base_dir, lora_factory):
+    from zenedge.runtime.variants import load_lora
+
+    full = load_resident("tiny", tiny_base_dir, CPU, torch.float32)
+    int4 = load_resident("tiny", tiny_base_dir, CPU, torch.float32, weights="int4")
+    linears = [m for m in int4.model.modules() if isinstance(m, VariantLinear)]
+    assert linears and all(isinstance(m.fast, Int4Weight) for m in linears)
+    assert isinstance(int4.model.lm_head, cpu_weights.FastLinear)
+    assert int4.model.lm_head.weight is int4.model.model.embed_tokens.weight      # still tied
+    assert all(m.fast is None for m in full.model.modules() if isinstance(m, VariantLinear))
+
+    ids = torch.randint(3, 99, (3, 10))
+    with torch.inference_mode():
+        exact = full.model(input_ids=ids).logits
+        quant = int4.model(input_ids=ids).logits
+    assert 0 < (quant - exact).abs().max() < 0.1 * exact.abs().max()
+
+    adapter = lora_factory(seed=3)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    lora = load_lora("l", "lora", adapter / "adapter_model.safetensors", config, CPU, torch.float32)
+    # The LoRA path runs in full precision beside the quantized base: a row's variant adds the
+    # same delta to the int4 model as to the fp32 one (layer 0's q_proj, where inputs agree).
+    name = next(n for n in lora.modules if "layers.0.self_attn.q_proj" in n)
+    x = torch.randn(2, 4, 64)
+    for resident in (full, int4):
+        module = resident.model.get_submodule(name)
+        with torch.inference_mode():
+            base = module(x)
+            with resident.state.using([lora, lora]):
+                delta = module(x) - base
+        if resident is full:
+            want = delta
+    assert torch.allclose(delta, want, atol=1e-5)
+
+
+@needs["int4"]
+def test_a_hot_bitdelta_on_an_int4_base_is_int4_and_charged_as_such(tiny_base_dir):
+    from zenedge.bitdelta.packing import pack_signs
+    from zenedge.runtime.variants import BitDeltaModule, Variant
+
+    resident = load_resident("tiny", tiny_base_dir, CPU, torch.float32, weights="int4")
+    torch.manual_seed(0)
+    modules = {}
+    for name in resident.state.modules:
+        weight = resident.model.get_submodule(name).base.weight
+        modules[name] = BitDeltaModule(pack_signs(torch.randn(weight.shape)), torch.full((weight.shape[0],), 0.01),
+                                       weight.shape[1])
+    variant = Variant("d", "bitdelta", modules)
+    expected = dense_nbytes(variant, resident.model)
+    assert expected == sum(resident.model.get_submodule(n).fast.nbytes for n in modules)
+    ids = torch.randint(3, 99, (2, 7))
+    with torch.inference_mode(), resident.state.using([variant, variant]):
+        packed_path = resident.model(input_ids=ids).logits     # base int4 + exact 1-bit delta
+    densify(variant, resident.model)
+    assert all(isinstance(m.dense, Int4Weight) for m in modules.values())
+    assert sum(m.dense.nbytes for m in modules.values()) == expected
+    with torch.inference_mode(), resident.state.using([variant, variant]):
+        dense_path = resident.model(input_ids=ids).logits      # int4 of (W + α⊙S)
+    assert (dense_path - packed_path).abs().max() < 0.1 * packed_path.abs().max()
+
+
+def test_weights_setting_is_checked():
+    from zenedge.errors import Unavailable
+    from zenedge.runtime.device import pick_weights
+
+    assert pick_weights("auto", torch.device("cuda")) == "full"
+    with pytest.raises(Unavailable, match="CPU format"):
+        pick_weights("int4", torch.device("cuda"))
+    assert pick_weights("full", CPU) == "full"
