@@ -11,6 +11,11 @@ owns the model calls and the KV cache. The steppers share one interface:
 - `DynamicStepper`: transformers' own cache and a growing 2-D mask. The reference the others are
   tested against, and the fallback for attention layouts the static cache does not model
   (sliding windows, hybrid layers, kernels that ignore 4-D masks).
+
+The static-cache steppers run Llama-architecture models through `lean_llama.LeanLlama` (the same
+math on the model's own modules, without transformers' per-module overhead) and every other model
+through `model(...)`. `lean_llama.set_enabled(resident.model, False)` forces `model(...)` (tests,
+benchmarks); the DynamicStepper always uses `model(...)`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Iterator, Protocol, Sequence
 
 import torch
 
+from zenedge.runtime import lean_llama
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
 
@@ -79,16 +85,20 @@ def left_pad(requests_ids: Sequence[Sequence[int]], pad: int) -> tuple[torch.Ten
 
 
 class _Forward:
-    """model(...) with the batch's variants applied, in inference mode, returning last logits."""
+    """model(...), or its lean equivalent where there is one (`lean`), with the batch's variants
+    applied, returning last logits."""
 
-    def __init__(self, resident: ResidentModel, batch: RowVariants):
+    def __init__(self, resident: ResidentModel, batch: RowVariants, lean: bool = True):
         self.model = resident.model
         self.state = resident.state
         self.batch = batch
         self.cache_kw = cache_argument(resident.model)
+        self.lean = lean_llama.lean_forward(resident.model) if lean else None
 
     def __call__(self, input_ids, mask, positions, cache) -> torch.Tensor:
         with self.state.applied(self.batch):
+            if self.lean is not None:
+                return self.lean(input_ids, mask, positions, cache)
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
         return out.logits[:, -1, :]   # [B, V]
@@ -98,7 +108,7 @@ class DynamicStepper:
     """transformers' DynamicCache and 2-D mask: the reference semantics."""
 
     def __init__(self, resident: ResidentModel, batch: RowVariants):
-        self.forward = _Forward(resident, batch)
+        self.forward = _Forward(resident, batch, lean=False)
         self.device = resident.device
         self.cache = None
 

@@ -1,0 +1,163 @@
+"""The lean Llama forward (lean_llama.py) against transformers' forward through the same static
+cache: the same logits (fp32, 1e-5) over a prefill and decode steps, for plain, LoRA, BitDelta and
+mixed left-padded batches, across the Llama variations it accepts; the same greedy tokens as the
+DynamicStepper reference; and the transformers path for what it refuses."""
+
+import pytest
+import torch
+
+from tests.conftest import tiny_tokenizer
+from zenedge.bitdelta.packing import pack_signs
+from zenedge.merge.factors import LoraFactors
+from zenedge.runtime import decode, lean_llama
+from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
+from zenedge.runtime.layers import RowVariants, patch_model
+from zenedge.runtime.model import ResidentModel
+from zenedge.runtime.variants import BitDeltaModule, Variant
+
+CPU = torch.device("cpu")
+STEPS = 16
+# Weights large enough that attention is far from uniform: a wrong rope, mask or head grouping
+# moves the logits by far more than the tolerance.
+SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, initializer_range=0.15,
+             tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls gain nothing from threads, and on a loaded machine their synchronisation
+    turns milliseconds into seconds."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_resident(architecture: str = "llama", **overrides) -> ResidentModel:
+    import transformers
+
+    config_class, model_class = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }[architecture]
+    torch.manual_seed(0)
+    config = config_class(**{**SMALL, **overrides})
+    config._attn_implementation = "sdpa"
+    model = model_class(config).eval().requires_grad_(False)
+    state = patch_model(model, CPU)
+    return ResidentModel("tiny", model, tiny_tokenizer(), state, CPU, torch.float32, 0.0, (2,))
+
+
+def lora(resident: ResidentModel, seed: int) -> Variant:
+    g = torch.Generator().manual_seed(seed)
+    modules = {}
+    for name in resident.target_modules:
+        out_f, in_f = resident.model.get_submodule(name).weight.shape
+        modules[name] = LoraFactors(torch.randn(4, in_f, generator=g) * 0.2, torch.randn(out_f, 4, generator=g) * 0.2, 2.0)
+    return Variant(f"lora-{seed}", "lora", modules)
+
+
+def bitdelta(resident: ResidentModel, seed: int) -> Variant:
+    g = torch.Generator().manual_seed(seed)
+    modules = {}
+    for name in resident.target_modules:
+        out_f, in_f = resident.model.get_submodule(name).weight.shape
+        modules[name] = BitDeltaModule(pack_signs(torch.randn(out_f, in_f, generator=g)),
+                                       torch.full((out_f,), 0.02), in_f)
+    return Variant(f"delta-{seed}", "bitdelta", modules)
+
+
+def step_logits(resident, rows, prompts, *, lean: bool, fixed: bool = False) -> torch.Tensor:
+    """Logits [1 + STEPS, B, V] of a prefill and STEPS decode steps fed fixed pseudo-random tokens
+    (the same for both paths, whatever they predict)."""
+    lean_llama.set_enabled(resident.model, lean)
+    batch = RowVariants.build(rows, CPU)
+    input_ids, valid = decode.left_pad(prompts, pad=0)
+    feed = torch.randint(3, SMALL["vocab_size"], (STEPS, len(prompts)), generator=torch.Generator().manual_seed(1))
+    with resident.kv_pool.acquire(len(rows), input_ids.shape[1] + STEPS, full_views=fixed) as cache:
+        stepper = (decode.FixedShapeStepper if fixed else decode.StaticStepper)(resident, batch, cache)
+        assert (stepper.forward.lean is not None) == lean
+        out = [stepper.prefill(input_ids, valid)]
+        out += [stepper.step(ids.tolist()) for ids in feed]
+    return torch.stack(out)
+
+
+def assert_same_logits(resident, rows, prompts, fixed: bool = False):
+    ours = step_logits(resident, rows, prompts, lean=True, fixed=fixed)
+    reference = step_logits(resident, rows, prompts, lean=False, fixed=fixed)
+    assert ours.shape == (1 + STEPS, len(rows), SMALL["vocab_size"])
+    assert reference.abs().max() > 1.0                   # logits of a size where differences would show
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=0)
+
+
+MIXED_PROMPTS = [[5, 9, 17, 33, 4, 8, 21], [40, 41], [7, 60, 61, 62, 63]]
+
+
+@pytest.mark.parametrize("rows", ["base", "lora", "bitdelta"])
+def test_one_variant_matches_transformers(rows):
+    resident = tiny_resident()
+    variant = {"base": None, "lora": lora(resident, 1), "bitdelta": bitdelta(resident, 2)}[rows]
+    assert_same_logits(resident, [variant, variant], [[5, 9, 17, 33], [40, 41, 42, 43]])
+
+
+@pytest.mark.parametrize("architecture, overrides", [
+    ("llama", {}),                                                    # GQA, tied
+    ("llama", {"num_key_value_heads": 4}),                            # MHA
+    ("llama", {"attention_bias": True, "mlp_bias": True}),
+    ("llama", {"tie_word_embeddings": False}),
+    ("llama", {"rope_parameters": LLAMA3_ROPE, "num_key_value_heads": 1}),
+    ("mistral", {"sliding_window": None}),
+    ("qwen2", {"use_sliding_window": False}),
+], ids=["gqa", "mha", "bias", "untied", "llama3-rope-mqa", "mistral", "qwen2"])
+def test_a_mixed_left_padded_batch_matches_transformers(architecture, overrides):
+    resident = tiny_resident(architecture, **overrides)
+    assert lean_llama.supported(resident.model), lean_llama.unsupported_reason(resident.model)
+    assert_same_logits(resident, [None, lora(resident, 1), bitdelta(resident, 2)], MIXED_PROMPTS)
+
+
+def test_full_views_mode_matches_transformers():
+    resident = tiny_resident()
+    assert_same_logits(resident, [bitdelta(resident, 2), None, lora(resident, 1)], MIXED_PROMPTS, fixed=True)
+
+
+def test_greedy_generation_gives_the_reference_tokens():
+    resident = tiny_resident()
+    variants = [None, lora(resident, 1), bitdelta(resident, 2)]
+    requests = [GenerationRequest(ids, v, SamplingParams(max_tokens=20)) for ids, v in zip(MIXED_PROMPTS, variants)]
+
+    def tokens(stepper):
+        return [[d.token_id for d in deltas] for deltas in generate(resident, requests, stepper=stepper)]
+
+    with decode.open_stepper(resident, RowVariants.build(variants, CPU), 8, 20) as stepper:
+        assert stepper.forward.lean is not None                       # "auto" takes the lean path
+    ours = tokens("auto")
+    assert len(ours) >= 16 and ours == tokens("dynamic")
+    assert tokens("fixed") == ours
+
+
+def test_refused_models_keep_the_transformers_path():
+    qwen3 = tiny_resident("qwen3")                                    # q/k norms: not Llama's math
+    assert not lean_llama.supported(qwen3.model)
+    assert_refused_but_served(qwen3)
+
+    llama = tiny_resident()
+    llama.model.model.layers[1].mlp.register_forward_hook(lambda *args: None)   # a hook we would skip
+    assert "hooks" in lean_llama.unsupported_reason(llama.model)
+    assert_refused_but_served(llama)
+
+    llama = tiny_resident()
+    llama.model.config._attn_implementation = "flex_attention"
+    assert not lean_llama.supported(llama.model)
+
+
+def assert_refused_but_served(resident):
+    batch = RowVariants.build([None], CPU)
+    with decode.open_stepper(resident, batch, 4, 4, "static") as stepper:
+        assert stepper.forward.lean is None
+        logits = stepper.prefill(torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.bool))
+        assert logits.shape == (1, SMALL["vocab_size"]) and torch.isfinite(logits).all()

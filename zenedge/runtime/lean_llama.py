@@ -1,0 +1,185 @@
+"""A lean functional forward for Llama-architecture models, used by the static-cache steppers.
+
+Decoding a small model at batch 1 on a CPU, transformers' own forward costs several ms per token
+that are not matmuls: some thousand small ops, module calls, hooks, mask and cache plumbing,
+output dataclasses. This forward does the same math in the fewest ops we know, on the model's own
+modules: the embedding, the rotary embedding (every rope scaling transformers supports stays
+right), the target linears (VariantLinear: per-row variants still apply), the activation, the
+output head (possibly a wrapper). Only the glue between them (RMSNorm, rope, attention, the
+residual adds) is done here, with transformers' numerics.
+
+It serves exactly what `decode._Forward` serves: (input_ids [B, T], an additive 4-D mask
+[B, 1, T, L], position_ids [B, T], a cache with `update(k, v, layer_idx)`) → logits [B, V] of the
+last position. `supported(model)` accepts only the structures whose math is checked to be
+Llama's (table below); anything else keeps the transformers path.
+
+To force the transformers path on a model (tests, benchmarks): `set_enabled(model, False)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# model_type → (transformers module, class-name prefix). Mistral and Qwen2 are Llama's math exactly
+# once no layer slides its window (their only difference; the rule below refuses sliding): same
+# RMSNorm, rotary embedding, attention (Qwen2's q/k/v biases live in the modules we call), MLP,
+# residual order. Anything else (Qwen3's q/k norms, Granite's multipliers, ...) is refused.
+ARCHITECTURES = {
+    "llama": ("transformers.models.llama.modeling_llama", "Llama"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
+}
+_PARTS = ("ForCausalLM", "Model", "DecoderLayer", "Attention", "MLP", "RMSNorm", "RotaryEmbedding")
+_ENABLED_ATTR = "_zenedge_lean_enabled"
+# SDPA groups query heads over KV heads itself since torch 2.5; before, the keys are repeated.
+_SDPA_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
+
+
+def set_enabled(model: nn.Module, enabled: bool) -> None:
+    """Let (True, the default) or stop (False) the steppers using the lean forward on `model`."""
+    setattr(model, _ENABLED_ATTR, enabled)
+
+
+def supported(model: nn.Module) -> bool:
+    return unsupported_reason(model) is None
+
+
+def lean_forward(model: nn.Module) -> "LeanLlama | None":
+    """The lean forward of `model`, or None when it is disabled or the model is not supported.
+    Built per call (~0.1 ms: module lookups), so a module swapped after loading is picked up."""
+    if not getattr(model, _ENABLED_ATTR, True) or not supported(model):
+        return None
+    return LeanLlama(model)
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why the lean forward would not compute what transformers computes (None: it would)."""
+    config = getattr(model, "config", None)
+    entry = ARCHITECTURES.get(getattr(config, "model_type", None))
+    if entry is None:
+        return f"model type {getattr(config, 'model_type', None)!r} is not in the table"
+    try:
+        module = importlib.import_module(entry[0])
+        kinds = {part: getattr(module, entry[1] + part) for part in _PARTS}
+    except (ImportError, AttributeError) as exc:
+        return f"this transformers has no {entry[1]} classes: {exc}"
+    if type(model) is not kinds["ForCausalLM"] or type(getattr(model, "model", None)) is not kinds["Model"]:
+        return "not the plain causal-LM class"
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return f"attention implementation {getattr(config, '_attn_implementation', None)!r}"
+    if getattr(config, "pretraining_tp", 1) not in (1, None):
+        return "pretraining_tp > 1"
+    if any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or ())):
+        return "not every layer is full attention"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if model.training:
+        return "training mode (dropout)"
+    if getattr(model, "use_kernels", False):
+        return "hub kernels replace module forwards"
+    if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+        return "global module hooks"
+    inner = model.model
+    layers = list(inner.layers[:config.num_hidden_layers])
+    if not isinstance(inner.embed_tokens, nn.Embedding) or type(inner.norm) is not kinds["RMSNorm"] \
+            or type(inner.rotary_emb) is not kinds["RotaryEmbedding"]:
+        return "unexpected embedding, final norm or rotary embedding"
+    skipped = [model, inner, inner.norm]   # modules whose forward we replace: none may carry hooks
+    for layer in layers:
+        if type(layer) is not kinds["DecoderLayer"] or type(layer.self_attn) is not kinds["Attention"] \
+                or type(layer.mlp) is not kinds["MLP"] or type(layer.input_layernorm) is not kinds["RMSNorm"] \
+                or type(layer.post_attention_layernorm) is not kinds["RMSNorm"] or not hasattr(layer.self_attn, "scaling"):
+            return "unexpected decoder layer structure"
+        skipped += [layer, layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm]
+    for m in skipped:
+        # hooks, or a forward patched on the instance (accelerate's offloading, hub kernels)
+        if m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m):
+            return f"{type(m).__name__} has hooks or a patched forward"
+    return None
+
+
+class LeanLlama:
+    """The forward of one supported model, its modules looked up once."""
+
+    def __init__(self, model: nn.Module):
+        inner = model.model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.norm = _norm(inner.norm)
+        self.head = model.lm_head
+        self.layers = []
+        for i, layer in enumerate(inner.layers[:model.config.num_hidden_layers]):
+            attn, mlp = layer.self_attn, layer.mlp
+            heads = model.config.num_attention_heads
+            kv_heads = heads // attn.num_key_value_groups
+            act = F.silu if type(mlp.act_fn).__name__ in ("SiLUActivation", "SiLU") else mlp.act_fn
+            self.layers.append((
+                i, _norm(layer.input_layernorm), attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                heads, kv_heads, attn.head_dim, attn.scaling,
+                _norm(layer.post_attention_layernorm), mlp.gate_proj, mlp.up_proj, mlp.down_proj, act))
+
+    def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        # input_ids, positions: [B, T]; mask: [B, 1, T, L] additive; cache.update(k, v, i) → [B, H_kv, L, D]
+        batch, width = input_ids.shape
+        x = self.embed(input_ids)                                           # [B, T, hidden]
+        cos, sin = self.rotary(x, positions)                                # [B, T, D] each, x's dtype
+        half = cos.shape[-1] // 2
+        # rotate_half(q)·sin == roll(q, D/2)·(sin with its first half negated): one roll, no cat
+        cos = cos[:, :, None]                                               # [B, T, 1, D]: broadcast over heads
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, :, None]
+        decoding = width == 1 and mask.shape[1] == 1
+        for i, norm1, q_proj, k_proj, v_proj, o_proj, heads, kv_heads, dim, scaling, norm2, gate, up, down, act in self.layers:
+            h = norm1(x)
+            q = q_proj(h).view(batch, width, heads, dim)
+            k = k_proj(h).view(batch, width, kv_heads, dim)
+            v = v_proj(h).view(batch, width, kv_heads, dim)
+            q = torch.addcmul(q * cos, q.roll(half, -1), sin)
+            k = torch.addcmul(k * cos, k.roll(half, -1), sin)
+            if decoding:
+                # One query per row: [B, 1, H, D] is [B, H_kv, H/H_kv, D] in memory (query head h
+                # reads KV head h // groups), so grouped attention needs no transpose and no
+                # repeated keys; the [B, 1, 1, L] mask broadcasts over the grouped queries.
+                keys, values = cache.update(k.view(batch, kv_heads, 1, dim), v.view(batch, kv_heads, 1, dim), i)
+                if mask.shape[-1] != keys.shape[-2]:
+                    mask = mask[..., :keys.shape[-2]]
+                out = F.scaled_dot_product_attention(q.view(batch, kv_heads, heads // kv_heads, dim), keys, values,
+                                                     attn_mask=mask, scale=scaling)
+                out = out.view(batch, 1, heads * dim)
+            else:
+                keys, values = cache.update(k.transpose(1, 2), v.transpose(1, 2), i)
+                if mask.shape[-1] != keys.shape[-2]:
+                    mask = mask[..., :keys.shape[-2]]
+                out = _attention(q.transpose(1, 2), keys, values, mask, scaling, heads // kv_heads)
+                out = out.transpose(1, 2).reshape(batch, width, heads * dim)
+            x = x + o_proj(out)
+            h = norm2(x)
+            x = x + down(act(gate(h)) * up(h))
+        return self.head(self.norm(x[:, -1:]))[:, -1]                      # [B, V]
+
+
+def _attention(q, keys, values, mask, scaling, groups):
+    # q: [B, H, T, D]; keys, values: [B, H_kv, L, D] → [B, H, T, D]
+    if groups > 1 and not _SDPA_GQA:
+        keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
+    extra = {"enable_gqa": True} if groups > 1 and _SDPA_GQA else {}
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling, **extra)
+
+
+def _norm(module: nn.Module):
+    """LlamaRMSNorm as one function: fp32 statistics, cast back, then × weight (its numerics)."""
+    weight, eps = module.weight, module.variance_epsilon
+    shape = weight.shape
+    if weight.dtype == torch.float32:
+        def fp32_input(x):
+            if x.dtype == torch.float32:   # the casts are identities: one fused op
+                return F.rms_norm(x, shape, weight, eps)
+            return weight * F.rms_norm(x.float(), shape, None, eps).to(x.dtype)
+        return fp32_input
+
+    def rms_norm(x):
+        return weight * F.rms_norm(x.float(), shape, None, eps).to(x.dtype)
+    return rms_norm
