@@ -6,8 +6,9 @@ output dataclasses. This forward does the same math in the fewest ops we know, o
 modules: the embedding, the rotary embedding (every rope scaling transformers supports stays
 right), the target linears (VariantLinear: per-row variants still apply), the activation, the
 output head (possibly a wrapper). Only the glue between them (RMSNorm, rope, attention, the
-residual adds) is done here, with transformers' numerics: fp32 logits agree within ~1e-6 (op
-order); in bf16 the decode step's rope rounds once where transformers rounds three times.
+residual adds) is done here, with transformers' numerics up to op order: fp32 logits agree to
+~1e-6 relative; bf16 ones differ by bf16 rounding (the decode step's rope, for one, rounds once
+where transformers rounds three times) and stay as close to fp32 as transformers' own.
 
 It serves exactly what `decode._Forward` serves: (input_ids [B, T], an additive 4-D mask
 [B, 1, T, L], position_ids [B, T], a cache with `update(k, v, layer_idx)`) → logits [B, V] of the
