@@ -54,7 +54,7 @@ def row(engine, dtype, variant, tok_s, fraction=0.5, rows=1, name=None):
 def result(**overrides):
     out = {
         "date": "2026-11-30", "tokens": 64, "repeats": 3, "base_dir": "/x", "base_source": "test",
-        "default_cpu_dtype": "bfloat16", "copy_bandwidth_bytes_per_s": 10e9, "switch_ms": 0.02,
+        "default_cpu_precision": "bfloat16", "copy_bandwidth_bytes_per_s": 10e9, "switch_ms": 0.02,
         "cold_load_seconds": {"lora": 0.01, "bitdelta": 0.03, "bitdelta_densify": 0.9},
         "gemv": {"float32 F.linear": {"ms": 40.0, "cpu_ms": 39.0, "bytes": 540_000_000, "gb_per_s": 13.5}},
         "machine": {"cpu": "test cpu", "cores": 2, "torch": "2.x", "threads": 1, "load_average_at_start": [1, 1, 1]},

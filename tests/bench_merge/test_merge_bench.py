@@ -11,7 +11,7 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
     from zenedge import config
 
     cfg_path = tmp_path / "c.toml"
-    cfg_path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\n')
+    cfg_path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\n')
     resident = Engine(store, config.load(cfg_path)).resident("tiny")
     root = tmp_path / "registry"
     shapes = tiny_module_shapes(tiny_base_dir)

@@ -9,7 +9,7 @@ from zenedge.runtime.engine import Engine
 def cfg(tmp_path):
     path = tmp_path / "config" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\n')
+    path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\n')
     return config.load(path)
 
 

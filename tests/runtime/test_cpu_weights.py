@@ -59,6 +59,8 @@ def test_an_int4_resident_is_close_to_fp32_and_adds_lora_rows_exactly(tiny_base_
     linears = [m for m in int4.model.modules() if isinstance(m, VariantLinear)]
     assert linears and all(isinstance(m.fast, Int4Weight) for m in linears)
     assert isinstance(int4.model.lm_head, cpu_weights.FastLinear)
+    if cpu_weights.onednn_bf16_available():      # the head stays bf16: its rounding lands in the logits
+        assert isinstance(int4.model.lm_head.fast, cpu_weights.OneDnnBF16)
     assert int4.model.lm_head.weight is int4.model.model.embed_tokens.weight      # still tied
     assert all(m.fast is None for m in full.model.modules() if isinstance(m, VariantLinear))
 
@@ -117,6 +119,38 @@ def test_weights_setting_is_checked():
     from zenedge.runtime.device import pick_weights
 
     assert pick_weights("auto", torch.device("cuda")) == "full"
+    assert pick_weights("auto", CPU) == ("int4" if cpu_weights.quantized_kernels_available("int4") else "full")
     with pytest.raises(Unavailable, match="CPU format"):
         pick_weights("int4", torch.device("cuda"))
     assert pick_weights("full", CPU) == "full"
+
+
+@needs["int4"]
+def test_the_cpu_default_serves_int4_and_its_loops_agree(store, tmp_path, lora_factory):
+    """No `runtime.weights` in the config: on CPU the engine serves int4 copies; the static loop
+    (lean forward) gives the reference loop's tokens on them, for a mixed LoRA/base batch."""
+    from zenedge import config, policy
+    from zenedge.runtime.engine import Engine
+    from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
+
+    path = tmp_path / "config" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('[runtime]\ndevice = "cpu"\n')
+    cfg = config.load(path)
+    policy.import_lora(store, cfg, lora_factory(seed=5), "ada", base="tiny")
+    engine = Engine(store, cfg)
+    route = engine.router.route("ada")
+    resident = engine.resident(route.base)
+    assert resident.weights == "int4" and engine.ps()["weights"] == "int4"
+    lora = engine.variant(route)
+    requests = [GenerationRequest([5, 9, 14, 3, 22], lora, SamplingParams(max_tokens=12)),
+                GenerationRequest([7, 8], None, SamplingParams(max_tokens=12))]
+
+    def tokens(stepper):
+        out = [[], []]
+        for deltas in generate(resident, requests, stepper=stepper):
+            for d in deltas:
+                out[d.index].append(d.token_id)
+        return out
+
+    assert tokens("static") == tokens("dynamic")

@@ -70,7 +70,7 @@ def test_similar_deltas_are_merged_under_pressure(store, tmp_path, tiny_base_dir
     cfg_path = tmp_path / "config" / "config.toml"
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
     cfg_path.write_text(f'[pool]\nbudget = "{int(size * 1.5)}B"\nquality_threshold = 0.5\n'
-                        '[runtime]\ndevice = "cpu"\ndtype = "float32"\n')
+                        '[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\n')
     cfg = config.load(cfg_path)
     policy.import_bitdelta(store, cfg, paths["first"], "first", base="tiny")
     result = policy.import_bitdelta(store, cfg, paths["second"], "second", base="tiny")

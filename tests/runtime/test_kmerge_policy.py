@@ -16,7 +16,7 @@ from zenedge.runtime.generate import SamplingParams
 def set_config(tmp_path, text, pinned=()):
     path = tmp_path / "config" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f'[runtime]\ndevice = "cpu"\ndtype = "float32"\npinned = {json.dumps(list(pinned))}\n' + text)
+    path.write_text(f'[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\npinned = {json.dumps(list(pinned))}\n' + text)
     return config.load(path)
 
 

@@ -36,7 +36,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def tiny_resident(architecture: str = "llama", **overrides) -> ResidentModel:
+def tiny_resident(architecture: str = "llama", attention: str = "sdpa", **overrides) -> ResidentModel:
     import transformers
 
     config_class, model_class = {
@@ -47,7 +47,7 @@ def tiny_resident(architecture: str = "llama", **overrides) -> ResidentModel:
     }[architecture]
     torch.manual_seed(0)
     config = config_class(**{**SMALL, **overrides})
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attention
     model = model_class(config).eval().requires_grad_(False)
     state = patch_model(model, CPU)
     return ResidentModel("tiny", model, tiny_tokenizer(), state, CPU, torch.float32, 0.0, (2,))
@@ -111,9 +111,10 @@ def test_one_variant_matches_transformers(rows):
     ("llama", {"attention_bias": True, "mlp_bias": True}),
     ("llama", {"tie_word_embeddings": False}),
     ("llama", {"rope_parameters": LLAMA3_ROPE, "num_key_value_heads": 1}),
+    ("llama", {"attention": "eager", "hidden_act": "gelu_pytorch_tanh"}),    # not SiLU: the module is called
     ("mistral", {"sliding_window": None}),
     ("qwen2", {"use_sliding_window": False}),
-], ids=["gqa", "mha", "bias", "untied", "llama3-rope-mqa", "mistral", "qwen2"])
+], ids=["gqa", "mha", "bias", "untied", "llama3-rope-mqa", "eager-gelu", "mistral", "qwen2"])
 def test_a_mixed_left_padded_batch_matches_transformers(architecture, overrides):
     resident = tiny_resident(architecture, **overrides)
     assert lean_llama.supported(resident.model), lean_llama.unsupported_reason(resident.model)

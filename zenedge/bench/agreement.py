@@ -1,10 +1,11 @@
-"""`zenedge bench dtypes`: does bf16 keep fp32's greedy output on this base?
+"""`zenedge bench dtypes`: do bf16, int8 and int4 weights keep fp32's output on this base?
 
-Greedy decoding of short, varied, chat-templated prompts with the same base in fp32 and in bf16,
-one prompt at a time (no padding, so only the dtype differs). Reported: the fraction of tokens
-identical up to each prompt's first divergence, the fraction of prompts fully identical, the
-speed of both in the same run, and, since a diverging greedy path is not by itself a worse one,
-the base's teacher-forced answer loss on the embedded profiles' eval sets in both dtypes.
+Greedy decoding of short, varied, chat-templated prompts with the same base in fp32 and in each
+other precision (bench.throughput.precisions), one prompt at a time (no padding, so only the
+precision differs). Reported per precision: the fraction of tokens identical up to each prompt's
+first divergence, the fraction of prompts fully identical, the time of all prompts in the same
+run, and, since a diverging greedy path is not by itself a worse one, the base's teacher-forced
+answer loss on the embedded profiles' eval sets.
 """
 
 from __future__ import annotations
@@ -61,40 +62,46 @@ def prefix_agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]
             "identical_prompts": identical / len(a) if a else 1.0}
 
 
-def run_agreement(base_dir: Path, prompts: int = 50, tokens: int = 32, progress=None) -> dict:
+def run_agreement(base_dir: Path, prompts: int = 50, tokens: int = 32, progress=None,
+                  against: tuple[str, ...] = ("bfloat16", "int8", "int4")) -> dict:
+    """fp32 and each precision in `against`, one after the other (one resident in memory)."""
     import torch
 
+    from zenedge.bench.throughput import PRECISIONS, precisions
+    from zenedge.evaluation import answer_loss, encode_examples, load_eval_set
     from zenedge.runtime.generate import GenerationRequest, SamplingParams, encode_chat, generate
     from zenedge.runtime.model import load_resident
 
-    from zenedge.evaluation import answer_loss, encode_examples, load_eval_set
-
     if not 1 <= prompts <= len(PROMPTS):
         raise ValueError(f"prompts must be between 1 and {len(PROMPTS)}")
+    setups = precisions()
+    unknown = [label for label in against if label not in setups or label == "float32"]
+    if unknown:
+        raise ValueError(f"unknown precision {unknown[0]!r}: choose from {', '.join(PRECISIONS[1:])}")
     cpu = torch.device("cpu")
     outputs, seconds, losses = {}, {}, {}
     eval_sets = embedded_eval_sets()
-    for dtype in (torch.float32, torch.bfloat16):
-        resident = load_resident("bench", base_dir, cpu, dtype)
-        name = str(dtype).replace("torch.", "")
-        outputs[name], spent = [], 0.0
+    for label in ("float32", *against):
+        dtype, weights = setups[label]
+        resident = load_resident("bench", base_dir, cpu, dtype, weights)
+        outputs[label], spent = [], 0.0
         for i, text in enumerate(PROMPTS[:prompts]):
             ids = encode_chat(resident.tokenizer, [{"role": "user", "content": text}])
             request = GenerationRequest(ids, None, SamplingParams(max_tokens=tokens))
             start = time.perf_counter()
             tokens_out = [d.token_id for step in generate(resident, [request]) for d in step if d.token_id is not None]
             spent += time.perf_counter() - start
-            outputs[name].append(tokens_out)
+            outputs[label].append(tokens_out)
             if progress and (i + 1) % 10 == 0:
-                progress(f"{name}: {i + 1}/{prompts} prompts")
-        seconds[name] = spent
-        losses[name] = {}
+                progress(f"{label}: {i + 1}/{prompts} prompts")
+        seconds[label] = spent
+        losses[label] = {}
         for set_name, path in eval_sets.items():
             encoded = encode_examples(resident.tokenizer, load_eval_set(path)[:EVAL_EXAMPLES], 512)
             with torch.inference_mode(), resident.state.using([None]):
-                losses[name][set_name] = answer_loss(resident.model, encoded, 8, resident.tokenizer.pad_token_id)
+                losses[label][set_name] = answer_loss(resident.model, encoded, 8, resident.tokenizer.pad_token_id)
         del resident
-    result = prefix_agreement(outputs["float32"], outputs["bfloat16"])
-    result.update(prompts=prompts, tokens=tokens, seconds=seconds, answer_loss=losses, eval_examples=EVAL_EXAMPLES,
-                  mean_tokens=statistics.mean(len(o) for o in outputs["float32"]))
-    return result
+    return {"prompts": prompts, "tokens": tokens, "eval_examples": EVAL_EXAMPLES,
+            "mean_tokens": statistics.mean(len(o) for o in outputs["float32"]),
+            "seconds": seconds, "answer_loss": losses,
+            "agreement": {label: prefix_agreement(outputs["float32"], outputs[label]) for label in against}}

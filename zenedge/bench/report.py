@@ -22,7 +22,7 @@ def _target(name: str, target: str, value: float | None, met: bool | None, detai
 
 def targets(result: dict) -> list[dict[str, Any]]:
     """Each CPU target with the measured value and whether it is met (None: not measured)."""
-    rows, dtype = result["rows"], result["default_cpu_dtype"]
+    rows, dtype = result["rows"], result["default_cpu_precision"]
     hf = find_row(rows, "transformers", "float32", "base")
     base = find_row(rows, "zenedge", dtype, "base")
     out = []
@@ -68,7 +68,7 @@ def markdown(result: dict) -> str:
         f"{result['tokens']} new tokens, greedy, batch rows as listed; medians of {result['repeats']} interleaved rounds. "
         f"Copy bandwidth (read+write) {result['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s.",
         "",
-        "| engine | dtype | rows | variant | prefill tok/s | decode tok/s | decode tok/s per CPU-s | ms/step | MB read/step | of copy bandwidth |",
+        "| engine | weights | rows | variant | prefill tok/s | decode tok/s | decode tok/s per CPU-s | ms/step | MB read/step | of copy bandwidth |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:

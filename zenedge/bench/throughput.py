@@ -165,17 +165,29 @@ def machine() -> dict:
 
 
 def _weight_bytes(model) -> int:
-    """Bytes of every 2-D weight a decode step streams: decoder linears and the output head
-    (a tied embedding is read once, as the head; the embedding lookup reads one row)."""
+    """Bytes of every weight a decode step streams: decoder linears and the output head, each in
+    the form its matmul reads (plain, packed, int8 or int4 copy; a tied embedding is read once, as
+    the head; the embedding lookup reads one row)."""
     import torch
 
-    seen, total = set(), 0
+    from zenedge.runtime.cpu_weights import FastLinear
+    from zenedge.runtime.layers import VariantLinear
+
+    total = 0
     for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(module, torch.nn.Linear) and weight is not None and weight.data_ptr() not in seen:
-            seen.add(weight.data_ptr())
-            total += weight.numel() * weight.element_size()
+        if isinstance(module, (VariantLinear, FastLinear)) and module.fast is not None:
+            total += module.fast.nbytes
+        elif isinstance(module, (VariantLinear, torch.nn.Linear)) and not _wrapped(model, module):
+            total += module.weight.numel() * module.weight.element_size()
     return total
+
+
+def _wrapped(model, linear) -> bool:
+    """True for the nn.Linear inside a VariantLinear / FastLinear (counted through its wrapper)."""
+    from zenedge.runtime.cpu_weights import FastLinear
+    from zenedge.runtime.layers import VariantLinear
+
+    return any(isinstance(m, (VariantLinear, FastLinear)) and m.base is linear for m in model.modules())
 
 
 def _kv_bytes(config, element_size: int) -> int:
@@ -185,7 +197,7 @@ def _kv_bytes(config, element_size: int) -> int:
     return bandwidth.kv_bytes_per_position(config.num_hidden_layers, kv_heads, head_dim, element_size)
 
 
-def _variant_extra(variant, dtype_size: int) -> int:
+def _variant_extra(variant) -> int:
     """What a variant adds to a step's reads. LoRA: its factors. Dense BitDelta: nothing beyond
     the base's bytes when alone (it replaces W), one more weight set in a mixed batch (counted by
     the caller). Packed BitDelta: its bits and scales, read beside W."""
@@ -199,15 +211,41 @@ def _variant_extra(variant, dtype_size: int) -> int:
             if module.dense is None:
                 extra += module.packed.numel() + module.alpha.numel() * 4
         else:
-            extra += (module.A.numel() + module.B.numel()) * dtype_size
+            extra += module.A.numel() * module.A.element_size() + module.B.numel() * module.B.element_size()
     return extra
 
 
 def _dense_bytes(variant) -> int:
     from zenedge.runtime.variants import BitDeltaModule
 
-    return sum(m.dense.numel() * m.dense.element_size() for m in variant.modules.values()
-               if isinstance(m, BitDeltaModule) and m.dense is not None)
+    total = 0
+    for m in variant.modules.values():
+        if isinstance(m, BitDeltaModule) and m.dense is not None:
+            total += getattr(m.dense, "nbytes", None) or m.dense.numel() * m.dense.element_size()
+    return total
+
+
+PRECISIONS = ("float32", "bfloat16", "int8", "int4")
+
+
+def precisions():
+    """What the rows compare: label (PRECISIONS) → (model dtype, `runtime.weights`). int8/int4
+    keep fp32 activations (their kernels run on bf16 copies of them)."""
+    import torch
+
+    return {"float32": (torch.float32, "full"), "bfloat16": (torch.bfloat16, "full"),
+            "int8": (torch.float32, "int8"), "int4": (torch.float32, "int4")}
+
+
+def default_precision() -> str:
+    """The label of what `runtime.dtype = "auto"` and `runtime.weights = "auto"` give on CPU."""
+    import torch
+
+    from zenedge.runtime.device import pick_dtype, pick_weights
+
+    cpu = torch.device("cpu")
+    chosen = (pick_dtype("auto", cpu), pick_weights("auto", cpu))
+    return next(label for label, setup in precisions().items() if setup == chosen)
 
 
 def run_bench(options: Options, progress=_progress) -> dict:
@@ -217,7 +255,6 @@ def run_bench(options: Options, progress=_progress) -> dict:
     from zenedge.bench.variants import load_lora_variant, make_bitdelta, make_lora
     from zenedge.runtime.cache import DeltaCache
     from zenedge.runtime.dense_bitdelta import DenseBitDeltas
-    from zenedge.runtime.device import pick_dtype
     from zenedge.runtime.generate import GenerationRequest, SamplingParams, encode_chat
     from zenedge.runtime.model import load_resident
     from zenedge.runtime.variants import load_bitdelta
@@ -225,11 +262,12 @@ def run_bench(options: Options, progress=_progress) -> dict:
     if options.threads:
         torch.set_num_threads(options.threads)
     cpu = torch.device("cpu")
-    default_dtype = pick_dtype("auto", cpu)
+    dd = default_precision()
+    setups = precisions()
     base_dir, base_source, scratch = resolve_base(options.base_dir, progress)
     result: dict = {"date": date.today().isoformat(), "machine": machine(), "base_dir": str(base_dir),
                     "base_source": base_source, "tokens": options.tokens, "repeats": options.repeats,
-                    "default_cpu_dtype": str(default_dtype).replace("torch.", "")}
+                    "default_cpu_precision": dd}
     work = tempfile.TemporaryDirectory(prefix="zenedge-bench-variants-")
     try:
         progress("making variants: 2 PEFT LoRAs (r=8, q/k/v/o), 2 BitDeltas")
@@ -238,21 +276,21 @@ def run_bench(options: Options, progress=_progress) -> dict:
         delta_files = [make_bitdelta(base_dir, w, w / f"delta-{i}.bitdelta", seed=10 + i) for i in range(2)]
 
         progress("loading residents and transformers' models")
-        residents = {dt: load_resident("bench", base_dir, cpu, dt) for dt in (torch.float32, torch.bfloat16)}
+        residents = {label: load_resident("bench", base_dir, cpu, dtype, weights)
+                     for label, (dtype, weights) in setups.items()}
         hf = {dt: AutoModelForCausalLM.from_pretrained(base_dir, dtype=dt).eval() for dt in (torch.float32, torch.bfloat16)}
-        tokenizer = residents[torch.float32].tokenizer
+        tokenizer = residents["float32"].tokenizer
         prompt = encode_chat(tokenizer, PROMPT)
         input_ids = torch.tensor([prompt])
         # No early stop: every row decodes exactly `tokens` (eos -1 never matches).
-        endless = {dt: dataclasses.replace(r, eos_ids=(-1,)) for dt, r in residents.items()}
+        endless = {label: dataclasses.replace(r, eos_ids=(-1,)) for label, r in residents.items()}
 
-        # Variants in the default dtype, through the runtime's own cache and dense-copy manager
-        # (budget: room for all, so both BitDeltas are hot).
-        dd = default_dtype
+        # Variants on the default precision, through the runtime's own cache and dense-copy
+        # manager (budget: room for all, so both BitDeltas are hot).
         resident = residents[dd]
         cache = DeltaCache(64 << 30)
         dense = DenseBitDeltas(cache)
-        loras = [cache.get(f"lora-{i}", lambda d=d, i=i: load_lora_variant(f"lora-{i}", d, cpu, dd))
+        loras = [cache.get(f"lora-{i}", lambda d=d, i=i: load_lora_variant(f"lora-{i}", d, cpu, resident.dtype))
                  for i, d in enumerate(lora_dirs)]
         deltas = [dense.prepare(cache.get(f"delta-{i}", lambda p=p, i=i: load_bitdelta(f"delta-{i}", p, cpu)),
                                 resident.model) for i, p in enumerate(delta_files)]
@@ -263,41 +301,39 @@ def run_bench(options: Options, progress=_progress) -> dict:
 
         n = options.tokens
         ctx = bandwidth.mean_context(len(prompt), n)
-        kv = {dt: _kv_bytes(resident.model.config, torch.finfo(dt).bits // 8) for dt in residents}
-        weights = {dt: _weight_bytes(residents[dt].model) for dt in residents}
+        kv = {label: _kv_bytes(r.model.config, r.dtype.itemsize) for label, r in residents.items()}
+        weights = {label: _weight_bytes(r.model) for label, r in residents.items()}
 
         def one(variant):
             return [GenerationRequest(prompt, variant, SamplingParams(max_tokens=n))]
 
-        def bytes_for(dt, variants, rows=1, mixed=False):
-            extras = [_variant_extra(v, torch.finfo(dt).bits // 8) for v in variants]
+        def bytes_for(label, variants, rows=1, mixed=False):
+            extras = [_variant_extra(v) for v in variants]
             if mixed:   # dense BitDelta rows read their own full weights beside the base's
                 extras += [_dense_bytes(v) for v in variants if v is not None]
-            return bandwidth.step_bytes(weights[dt], extras, kv[dt], [round(ctx)] * rows).total
+            return bandwidth.step_bytes(weights[label], extras, kv[label], [round(ctx)] * rows).total
 
-        name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-        other = torch.bfloat16 if dd == torch.float32 else torch.float32
         mixed = [loras[0], loras[1], deltas[0], deltas[1]]
         mixed_requests = [GenerationRequest(prompt, v, SamplingParams(max_tokens=n)) for v in mixed]
-        cases = [Case("transformers generate", "transformers", name[dt], 1, "base",
-                      transformers_case(hf[dt], input_ids, n), bytes_for(dt, [None]))
-                 for dt in (torch.float32, torch.bfloat16)]
+        cases = [Case("transformers generate", "transformers", label, 1, "base",
+                      transformers_case(hf[dt], input_ids, n), bytes_for(label, [None]))
+                 for label, (dt, _) in list(setups.items())[:2]]
         cases += [
-            Case("zenedge reference loop (DynamicCache)", "zenedge-reference", name[dd], 1, "base",
-                 zenedge_case(endless[dd], one(None), "dynamic"), bytes_for(dd, [None])),
-            Case("zenedge", "zenedge", name[dd], 1, "base", zenedge_case(endless[dd], one(None)), bytes_for(dd, [None])),
-            Case("zenedge", "zenedge", name[dd], 1, "LoRA r=8", zenedge_case(endless[dd], one(loras[0])),
+            Case("zenedge reference loop (DynamicCache)", "zenedge-reference", "float32", 1, "base",
+                 zenedge_case(endless["float32"], one(None), "dynamic"), bytes_for("float32", [None])),
+            Case("zenedge", "zenedge", dd, 1, "base", zenedge_case(endless[dd], one(None)), bytes_for(dd, [None])),
+            Case("zenedge", "zenedge", dd, 1, "LoRA r=8", zenedge_case(endless[dd], one(loras[0])),
                  bytes_for(dd, [loras[0]])),
-            Case("zenedge", "zenedge", name[dd], 1, "BitDelta (hot, dense)", zenedge_case(endless[dd], one(deltas[0])),
+            Case("zenedge", "zenedge", dd, 1, "BitDelta (hot, dense)", zenedge_case(endless[dd], one(deltas[0])),
                  bytes_for(dd, [deltas[0]])),
-            Case("zenedge", "zenedge", name[dd], 1, "BitDelta (cold, packed)", zenedge_case(endless[dd], one(cold_delta)),
+            Case("zenedge", "zenedge", dd, 1, "BitDelta (cold, packed)", zenedge_case(endless[dd], one(cold_delta)),
                  bytes_for(dd, [cold_delta])),
-            Case("zenedge", "zenedge", name[dd], 4, "mixed: 2 LoRA + 2 BitDelta",
+            Case("zenedge", "zenedge", dd, 4, "mixed: 2 LoRA + 2 BitDelta",
                  zenedge_case(endless[dd], mixed_requests), bytes_for(dd, mixed, rows=4, mixed=True)),
-            Case("zenedge", "zenedge", name[other], 1, "base", zenedge_case(endless[other], one(None)),
-                 bytes_for(other, [None])),
         ]
-        progress("matrix-vector products over a whole model's weights, per dtype")
+        cases += [Case("zenedge", "zenedge", label, 1, "base", zenedge_case(endless[label], one(None)),
+                       bytes_for(label, [None])) for label in setups if label != dd]
+        progress("matrix-vector products over a whole model's weights, per precision")
         result["gemv"] = gemv_speeds(residents, options.repeats)
         progress("copy bandwidth")
         result["copy_bandwidth_bytes_per_s"] = bandwidth.copy_bandwidth()
@@ -319,42 +355,48 @@ def run_bench(options: Options, progress=_progress) -> dict:
 
 def gemv_speeds(residents: dict, repeats: int) -> dict:
     """One decode step's matrix-vector products alone (batch 1, every linear weight once, in model
-    order, so each weight comes from memory as in decode): fp32, bf16 through torch's F.linear,
-    bf16 through oneDNN's packed weights. Interleaved rounds, medians; GB/s counts weight bytes."""
+    order, so each weight comes from memory as in decode), per precision: torch's F.linear on the
+    plain weights (fp32, bf16) and each resident's fast copies (packed bf16, int8, int4).
+    Interleaved rounds, medians; GB/s counts the bytes the matmuls read."""
     import torch
     import torch.nn.functional as F
 
-    from zenedge.runtime.cpu_weights import linear as onednn_linear
     from zenedge.runtime.layers import VariantLinear
 
-    def weights(model, packed: bool):
-        out = []
-        for module in model.modules():
-            if isinstance(module, VariantLinear):
-                out.append(module.onednn_weight if packed else module.base.weight)
+    def matmuls(model, fast: bool):
+        """[(x → y, in_features, bytes)] over the decoder linears and the head."""
         head = model.get_output_embeddings()
-        out.append(getattr(head, "onednn_weight", None) if packed else head.weight)
-        return [w for w in out if w is not None]
+        out = []
+        for module in [m for m in model.modules() if isinstance(m, VariantLinear)] + [head]:
+            weight = module.weight
+            if fast:
+                if getattr(module, "fast", None) is None:
+                    return []
+                out.append((lambda x, f=module.fast: f.linear(x, None), weight.shape[1], module.fast.nbytes))
+            else:
+                out.append((lambda x, w=weight: F.linear(x, w), weight.shape[1], weight.numel() * weight.element_size()))
+        return out
 
-    f32, b16 = residents[torch.float32].model, residents[torch.bfloat16].model
-    sets = {"float32 F.linear": (weights(f32, False), torch.float32),
-            "bfloat16 F.linear": (weights(b16, False), torch.bfloat16)}
-    if any(isinstance(m, VariantLinear) and m.onednn_weight is not None for m in b16.modules()):
-        sets["bfloat16 oneDNN packed"] = (weights(b16, True), torch.bfloat16)
-    inputs = {(w.shape[1], dtype): torch.randn(1, w.shape[1], dtype=dtype) for ws, dtype in sets.values() for w in ws}
+    sets = {"float32 F.linear": (matmuls(residents["float32"].model, False), torch.float32),
+            "bfloat16 F.linear": (matmuls(residents["bfloat16"].model, False), torch.bfloat16)}
+    for label, name in (("bfloat16", "bfloat16 oneDNN packed"), ("int8", "int8 weight-only"),
+                        ("int4", "int4 weight-only")):
+        found = matmuls(residents[label].model, True)
+        if found:
+            sets[name] = (found, residents[label].dtype)
+    inputs = {(k, dtype): torch.randn(1, k, dtype=dtype) for ops, dtype in sets.values() for _, k, _ in ops}
     timings: dict[str, list[tuple[float, float]]] = {name: [] for name in sets}
     with torch.inference_mode():
         for round_ in range(repeats + 1):                 # round 0 warms up
-            for name, (ws, dtype) in sets.items():
+            for name, (ops, dtype) in sets.items():
                 start, cpu = time.perf_counter(), time.process_time()
-                for w in ws:
-                    x = inputs[(w.shape[1], dtype)]
-                    onednn_linear(x, w, None) if w.is_mkldnn else F.linear(x, w)
+                for op, k, _ in ops:
+                    op(inputs[(k, dtype)])
                 if round_:
                     timings[name].append((time.perf_counter() - start, time.process_time() - cpu))
     out = {}
-    for name, (ws, _) in sets.items():
-        nbytes = sum(w.numel() * w.element_size() for w in ws)
+    for name, (ops, _) in sets.items():
+        nbytes = sum(b for _, _, b in ops)
         wall = statistics.median(t[0] for t in timings[name])
         cpu = statistics.median(t[1] for t in timings[name])
         out[name] = {"ms": 1e3 * wall, "cpu_ms": 1e3 * cpu, "bytes": nbytes, "gb_per_s": nbytes / wall / 1e9}

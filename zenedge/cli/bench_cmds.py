@@ -42,33 +42,44 @@ def run(tokens: int, repeats: int, threads: int | None, base_dir: Path | None, j
 @bench.command("dtypes")
 @click.option("--prompts", type=click.IntRange(1, 50), default=50, show_default=True)
 @click.option("--tokens", type=click.IntRange(1, 1024), default=32, show_default=True)
+@click.option("--against", default="bfloat16,int8,int4", show_default=True,
+              help="Precisions compared with fp32 (bfloat16, int8, int4 weights).")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="torch threads (default: torch's).")
 @click.option("--base-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None)
 @json_option
-def dtypes(prompts: int, tokens: int, threads: int | None, base_dir: Path | None, json_out: bool) -> None:
-    """Greedy agreement of bf16 with fp32 on short chat prompts (and both speeds)."""
+def dtypes(prompts: int, tokens: int, against: str, threads: int | None, base_dir: Path | None, json_out: bool) -> None:
+    """Greedy agreement of bf16 / int8 / int4 weights with fp32, answer losses and speeds."""
     from zenedge.bench.agreement import run_agreement
     from zenedge.bench.throughput import resolve_base
 
+    from zenedge.bench.throughput import PRECISIONS
+
+    labels = tuple(part.strip() for part in against.split(",") if part.strip())
+    unknown = [label for label in labels if label not in PRECISIONS[1:]]
+    if unknown or not labels:
+        raise click.BadParameter(f"unknown precision {unknown[0] if unknown else ''!r}: choose from "
+                                 f"{', '.join(PRECISIONS[1:])}", param_hint="--against")
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     directory, _, scratch = resolve_base(base_dir, _progress)
     try:
-        result = run_agreement(directory, prompts, tokens, _progress)
+        result = run_agreement(directory, prompts, tokens, _progress, labels)
     finally:
         if scratch is not None:
             scratch.cleanup()
     if json_out:
         print_json(result)
-    else:
-        click.echo(f"{result['prompts']} prompts × {result['tokens']} tokens: token agreement "
-                   f"{result['token_agreement']:.1%}, identical prompts {result['identical_prompts']:.1%}; "
-                   f"fp32 {result['seconds']['float32']:.1f} s, bf16 {result['seconds']['bfloat16']:.1f} s")
-        for name, loss in result["answer_loss"]["float32"].items():
-            click.echo(f"answer loss on {name} ({result['eval_examples']} examples): fp32 {loss:.4f}, "
-                       f"bf16 {result['answer_loss']['bfloat16'][name]:.4f}")
+        return
+    click.echo(f"{result['prompts']} prompts × {result['tokens']} tokens, greedy; fp32 took {result['seconds']['float32']:.1f} s")
+    for label, agree in result["agreement"].items():
+        click.echo(f"{label}: token agreement {agree['token_agreement']:.1%}, identical prompts "
+                   f"{agree['identical_prompts']:.1%}, {result['seconds'][label]:.1f} s")
+    sets = list(result["answer_loss"]["float32"])
+    click.echo("answer loss (" + f"{result['eval_examples']} examples each): " + ", ".join(sets))
+    for label, loss in result["answer_loss"].items():
+        click.echo(f"  {label:>8}: " + "  ".join(f"{loss[name]:.4f}" for name in sets))
 
 
 def _int_list(ctx, param, value: str) -> tuple[int, ...]:

@@ -38,8 +38,8 @@ def pick_weights(setting: str, device: torch.device) -> str:
     """The CPU matmul weight format: "full" (the dtype's own weights), "int8" or "int4"."""
     from zenedge.runtime.cpu_weights import quantized_kernels_available
 
-    if setting == "auto":
-        return "full"
+    if setting == "auto":   # int4 on CPU: ~3× fp32's decode, answer loss within 0.01 (BENCHMARKS.md)
+        return "int4" if device.type == "cpu" and quantized_kernels_available("int4") else "full"
     if setting != "full" and device.type != "cpu":
         raise Unavailable(f'runtime.weights = "{setting}" is a CPU format; on {device.type} the weights stay full',
                           hint='set runtime.weights = "auto"')

@@ -97,7 +97,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
                 or type(layer.mlp) is not kinds["MLP"] or type(layer.input_layernorm) is not kinds["RMSNorm"] \
                 or type(layer.post_attention_layernorm) is not kinds["RMSNorm"] or not hasattr(layer.self_attn, "scaling"):
             return "unexpected decoder layer structure"
-        skipped += [layer, layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm]
+        skipped += [layer, layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm,
+                    layer.mlp.act_fn]   # SiLU modules are replaced by F.silu
     for m in skipped:
         # hooks, or a forward patched on the instance (accelerate's offloading, hub kernels)
         if m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m):
@@ -114,18 +115,18 @@ class LeanLlama:
         self.rotary = inner.rotary_emb
         self.norm = _norm(inner.norm)
         self.head = model.lm_head
+        heads = model.config.num_attention_heads
+        # One flat tuple per layer, unpacked in the loop: no attribute lookups per token.
         self.layers = []
         for i, layer in enumerate(list(inner.layers)[:model.config.num_hidden_layers]):
             attn, mlp = layer.self_attn, layer.mlp
-            heads = model.config.num_attention_heads
-            act = F.silu if type(mlp.act_fn).__name__ in ("SiLUActivation", "SiLU") else mlp.act_fn
             self.layers.append((
                 i, _norm(layer.input_layernorm), attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
                 heads, heads // attn.num_key_value_groups, attn.head_dim, attn.scaling,
-                _norm(layer.post_attention_layernorm), mlp.gate_proj, mlp.up_proj, mlp.down_proj, act))
-        weight = self.embed.weight
-        head_dim = self.layers[0][8] if self.layers else 2
-        self.signs = _rotate_half_signs(head_dim, weight.dtype, weight.device)
+                _norm(layer.post_attention_layernorm), mlp.gate_proj, mlp.up_proj, mlp.down_proj,
+                _activation(mlp.act_fn)))
+        head_dim = inner.layers[0].self_attn.head_dim if self.layers else 2
+        self.signs = _rotate_half_signs(head_dim, self.embed.weight.dtype, self.embed.weight.device)
 
     def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         # input_ids, positions: [B, T]; mask: [B, 1, T, L] additive; cache.update(k, v, i) → [B, H_kv, L, D]
@@ -194,6 +195,15 @@ def _rotate_half_signs(dim: int, dtype: torch.dtype, device: torch.device) -> to
     signs[index + half, index] = -1
     signs[index, index + half] = 1
     return signs
+
+
+def _activation(module: nn.Module):
+    """F.silu itself for transformers' SiLU modules (one module call fewer per layer), else the module."""
+    from transformers import activations
+
+    if type(module) in (nn.SiLU, getattr(activations, "SiLUActivation", nn.SiLU)):
+        return F.silu
+    return module
 
 
 def _attention(q, keys, values, mask, scaling, groups):
