@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -54,6 +55,12 @@ class LoraFactors:
     @property
     def rank(self) -> int:
         return self.A.shape[0]
+
+    @cached_property
+    def transposed(self) -> tuple[Tensor, Tensor]:
+        """(Aᵀ, Bᵀ) as views, made once: the decode loop multiplies x·Aᵀ·Bᵀ for every module and
+        token, and a `.t()` per call costs as much as the small product itself."""
+        return self.A.t(), self.B.t()
 
     @property
     def shape(self) -> tuple[int, int]:

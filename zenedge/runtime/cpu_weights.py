@@ -35,6 +35,7 @@ class CpuWeight:
     the format's rounding."""
 
     nbytes: int
+    plain_for_prefill = False   # a long prefill runs faster on the plain weight (layers.PLAIN_PREFILL_ROWS)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -74,6 +75,8 @@ class OneDnnBF16(CpuWeight):
 class Int8Weight(CpuWeight):
     """Symmetric int8 per output channel: W ≈ q · s[out]."""
 
+    plain_for_prefill = True
+
     def __init__(self, weight: torch.Tensor):
         w = weight.detach().float()
         scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
@@ -97,6 +100,7 @@ class Int4Weight(CpuWeight):
     kernel's convention: `zero` is the value of the middle code, not an integer offset)."""
 
     GROUP = 32
+    plain_for_prefill = True
 
     def __init__(self, weight: torch.Tensor):
         out, inp = weight.shape

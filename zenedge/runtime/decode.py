@@ -95,8 +95,8 @@ class _Forward:
         self.cache_kw = cache_argument(resident.model)
         self.lean = lean_llama.lean_forward(resident.model) if lean else None
 
-    def __call__(self, input_ids, mask, positions, cache) -> torch.Tensor:
-        with self.state.applied(self.batch):
+    def __call__(self, input_ids, mask, positions, cache, prefill: bool = False) -> torch.Tensor:
+        with self.state.applied(self.batch, prefill=prefill):
             if self.lean is not None:
                 return self.lean(input_ids, mask, positions, cache)
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
@@ -116,7 +116,7 @@ class DynamicStepper:
     def prefill(self, input_ids, valid):
         self.mask = valid.to(self.device, torch.long)
         self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
-        logits, self.cache = self._run(input_ids.to(self.device))
+        logits, self.cache = self._run(input_ids.to(self.device), prefill=True)
         return logits
 
     @torch.inference_mode()
@@ -127,9 +127,9 @@ class DynamicStepper:
         logits, self.cache = self._run(torch.tensor(next_ids, device=self.device).unsqueeze(1))
         return logits
 
-    def _run(self, input_ids):
+    def _run(self, input_ids, prefill: bool = False):
         f = self.forward
-        with f.state.applied(f.batch):
+        with f.state.applied(f.batch, prefill=prefill):
             out = f.model(input_ids=input_ids, attention_mask=self.mask, position_ids=self.positions,
                           use_cache=True, logits_to_keep=1, **{f.cache_kw: self.cache})
         return out.logits[:, -1, :], getattr(out, f.cache_kw)
@@ -148,7 +148,7 @@ class StaticStepper:
         valid = valid.to(self.device)
         mask = self.cache.start(valid)
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)                 # [B, W]
-        logits = self.forward(input_ids.to(self.device), mask, positions, self.cache)
+        logits = self.forward(input_ids.to(self.device), mask, positions, self.cache, prefill=True)
         self.cache.advance(input_ids.shape[1])
         self.positions = positions[:, -1:].clone()                             # [B, 1]
         return logits

@@ -1,14 +1,14 @@
-"""Which device, dtype and CPU weight format the runtime uses: CUDA in bf16 when present, else CPU
-in fp32, unless `runtime.device` / `runtime.dtype` say otherwise. "bfloat16" on CPU is selectable
-and then uses oneDNN-packed weights; `runtime.weights` = "int8" / "int4" serves the CPU matmuls
-from weight-only quantized copies (cpu_weights.py).
+"""Which device, dtype and CPU weight format the runtime uses. CUDA: bf16, full weights. CPU: fp32
+activations with int4 weight-only decoder linears and a bf16 output head, unless
+`runtime.device` / `runtime.dtype` / `runtime.weights` say otherwise (cpu_weights.py).
 
-Why fp32 stays the CPU default: decode streams every weight once per token, so bf16's half the
-bytes should win, but on the machine we measured (BENCHMARKS.md) bf16 decode came out between
-0.9× and 1.2× of fp32 depending on the neighbours' load (torch's plain bf16 linear is slower
-than fp32; oneDNN's packed one is ~1.5× faster in isolation but not reliably so end to end),
-and bf16 changes 40% of greedy answers (quality equal: same answer loss). Revisit with a
-bandwidth-bound bf16 GEMV."""
+Why int4 is the CPU default: decode streams every weight once per token, so bytes per weight
+decide the speed. bf16 halves them but torch's CPU bf16 kernels did not turn that into speed on
+the machine we measured (BENCHMARKS.md: 0.9-1.2× fp32); the int4 kernel reads 1/6 of fp32's
+bytes and runs a step's matmuls ~4× faster, for an answer loss within 0.01 nats of fp32 on the
+profiles' eval sets and the same exact-match scores (profiles/README.md). Greedy text can still
+change where fp32 is nearly undecided between two tokens, as with bf16; `runtime.weights =
+"full"` gives fp32's exact numbers."""
 
 from __future__ import annotations
 

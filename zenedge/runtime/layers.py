@@ -44,6 +44,13 @@ class RowVariants:
         return cls(list(rows), groups, uniform)
 
 
+# A decode loop's prefill of at least this many tokens (rows × positions) multiplies with the plain
+# weights rather than int8/int4 copies: prefill is compute-bound, and there fp32 GEMM beats the
+# kernels that dequantise as they go (measured crossover: int4 ~32 rows, int8 ~16; at 256 rows
+# fp32 is 2× faster). Decode steps, and forwards outside a decode loop, use the copies.
+PLAIN_PREFILL_ROWS = 32
+
+
 class VariantLinear(nn.Module):
     """y = x·Wᵀ (+b) + the row's variant delta. W stays the base's tensor, never modified."""
 
@@ -79,14 +86,16 @@ class VariantLinear(nn.Module):
                 continue
             rows = x.index_select(0, idx)
             if isinstance(module, LoraFactors):
-                y.index_add_(0, idx, (rows @ module.A.t()) @ module.B.t(), alpha=module.scale)
+                a_t, b_t = module.transposed
+                y.index_add_(0, idx, (rows @ a_t) @ b_t, alpha=module.scale)
             else:  # BitDelta rows: the fused path gives base + delta, replacing the base rows
                 y.index_copy_(0, idx, self._bitdelta(rows, module))
         return y
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         # Functional calls: no nn.Module dispatch for the inner linear (210 of them per token).
-        if self.fast is None:
+        if self.fast is None or (self.state.prefilling and self.fast.plain_for_prefill
+                                 and x.numel() >= PLAIN_PREFILL_ROWS * x.shape[-1]):
             return F.linear(x, self.base.weight, self.base.bias)
         return self.fast.linear(x, self.base.bias)
 
@@ -94,8 +103,12 @@ class VariantLinear(nn.Module):
     def _add_lora(y: torch.Tensor, x: torch.Tensor, module: LoraFactors) -> None:
         """y += scale·(x·Aᵀ)·Bᵀ in place. Low rank first: [*, in]·Aᵀ → [*, r] is tiny, so the delta
         costs ~2·r·(in+out) per token; addmm_ fuses the second product, the scale and the add."""
-        low = x.reshape(-1, x.shape[-1]) @ module.A.t()                     # [N, r]
-        y.view(-1, y.shape[-1]).addmm_(low, module.B.t(), alpha=module.scale)
+        a_t, b_t = module.transposed
+        if x.dim() == 2:                                  # the lean decode path: [B, in], no reshapes
+            y.addmm_(x @ a_t, b_t, alpha=module.scale)
+            return
+        low = x.reshape(-1, x.shape[-1]) @ a_t                              # [N, r]
+        y.view(-1, y.shape[-1]).addmm_(low, b_t, alpha=module.scale)
 
     def _bitdelta(self, x: torch.Tensor, module: BitDeltaModule) -> torch.Tensor:
         """x·(W + α⊙S)ᵀ + b through the fused kernel (CUDA) or the CPU path, never materialising
@@ -132,15 +145,20 @@ class VariantState:
         with self.applied(RowVariants.build(rows, self.device)) as batch:
             yield batch
 
+    @property
+    def prefilling(self) -> bool:
+        """True inside a decode loop's prefill (see PLAIN_PREFILL_ROWS)."""
+        return getattr(self._local, "prefilling", False)
+
     @contextmanager
-    def applied(self, batch: RowVariants) -> Iterator[RowVariants]:
+    def applied(self, batch: RowVariants, *, prefill: bool = False) -> Iterator[RowVariants]:
         """Apply an already grouped batch (the decode loop groups once per request, not per token)."""
-        previous = self.current
-        self.current = batch
+        previous = self.current, self.prefilling
+        self.current, self._local.prefilling = batch, prefill
         try:
             yield batch
         finally:
-            self.current = previous
+            self.current, self._local.prefilling = previous
 
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
