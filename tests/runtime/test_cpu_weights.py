@@ -157,27 +157,25 @@ def test_the_cpu_default_serves_int4_and_its_loops_agree(store, tmp_path, lora_f
 
 
 @needs["int4"]
-def test_a_long_prefill_runs_the_plain_weights_and_decode_the_int4_copies(tiny_base_dir, monkeypatch):
+def test_a_prefill_runs_the_plain_weights_and_decode_the_int4_copies(tiny_base_dir, monkeypatch):
     from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
-    from zenedge.runtime.layers import PLAIN_PREFILL_ROWS
 
     resident = load_resident("tiny", tiny_base_dir, CPU, torch.float32, weights="int4")
     rows_seen = []
     original = Int4Weight._matmul
     monkeypatch.setattr(Int4Weight, "_matmul", lambda self, flat: rows_seen.append(flat.shape[0]) or original(self, flat))
 
-    def run(prompt_tokens):
+    def run(*prompt_lengths):
         rows_seen.clear()
-        request = GenerationRequest(list(range(3, 3 + prompt_tokens)), None, SamplingParams(max_tokens=4))
-        for _ in generate(resident, [request], stepper="static"):
+        requests = [GenerationRequest(list(range(3, 3 + n)), None, SamplingParams(max_tokens=4)) for n in prompt_lengths]
+        for _ in generate(resident, requests, stepper="static"):
             pass
-        return list(rows_seen)
+        return set(rows_seen)
 
-    long = run(PLAIN_PREFILL_ROWS + 8)
-    assert long and set(long) == {1}               # only decode steps (one row each) reached the int4 kernel
-    short = run(PLAIN_PREFILL_ROWS // 4)
-    assert PLAIN_PREFILL_ROWS // 4 in short        # a short prompt is prefilled on the int4 copies
-    with torch.inference_mode():                   # outside a decode loop every forward is int4 (what quality checks measure)
+    assert run(40) == {1}          # only the decode steps (one row each) reached the int4 kernel
+    assert run(3) == {1}           # short prompts too: alone or batched, a prompt is read the same way
+    assert run(3, 40) == {2}
+    with torch.inference_mode():   # outside a decode loop every forward is int4 (what quality checks measure)
         rows_seen.clear()
-        resident.model(input_ids=torch.randint(3, 99, (1, PLAIN_PREFILL_ROWS + 8)))
-        assert PLAIN_PREFILL_ROWS + 8 in rows_seen
+        resident.model(input_ids=torch.randint(3, 99, (1, 40)))
+        assert 40 in rows_seen

@@ -35,7 +35,7 @@ class CpuWeight:
     the format's rounding."""
 
     nbytes: int
-    plain_for_prefill = False   # a long prefill runs faster on the plain weight (layers.PLAIN_PREFILL_ROWS)
+    plain_for_prefill = False   # a decode loop's prefill runs the plain weight instead (layers.VariantLinear._base)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])

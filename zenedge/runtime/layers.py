@@ -44,13 +44,6 @@ class RowVariants:
         return cls(list(rows), groups, uniform)
 
 
-# A decode loop's prefill of at least this many tokens (rows × positions) multiplies with the plain
-# weights rather than int8/int4 copies: prefill is compute-bound, and there fp32 GEMM beats the
-# kernels that dequantise as they go (measured crossover: int4 ~32 rows, int8 ~16; at 256 rows
-# fp32 is 2× faster). Decode steps, and forwards outside a decode loop, use the copies.
-PLAIN_PREFILL_ROWS = 32
-
-
 class VariantLinear(nn.Module):
     """y = x·Wᵀ (+b) + the row's variant delta. W stays the base's tensor, never modified."""
 
@@ -94,8 +87,11 @@ class VariantLinear(nn.Module):
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         # Functional calls: no nn.Module dispatch for the inner linear (210 of them per token).
-        if self.fast is None or (self.state.prefilling and self.fast.plain_for_prefill
-                                 and x.numel() >= PLAIN_PREFILL_ROWS * x.shape[-1]):
+        # A decode loop's prefill multiplies with the plain weights, not int8/int4 copies: prefill
+        # is compute-bound, where fp32 GEMM beats kernels that dequantise as they go (int4 wins
+        # below ~32 rows, fp32 is 2× faster at 256). Always, not by size: a request must give the
+        # same tokens alone as in any batch. Decode steps and forwards outside a loop use the copies.
+        if self.fast is None or (self.state.prefilling and self.fast.plain_for_prefill):
             return F.linear(x, self.base.weight, self.base.bias)
         return self.fast.linear(x, self.base.bias)
 
@@ -147,7 +143,7 @@ class VariantState:
 
     @property
     def prefilling(self) -> bool:
-        """True inside a decode loop's prefill (see PLAIN_PREFILL_ROWS)."""
+        """True inside a decode loop's prefill (VariantLinear._base: plain weights)."""
         return getattr(self._local, "prefilling", False)
 
     @contextmanager
