@@ -179,3 +179,19 @@ def test_a_prefill_runs_the_plain_weights_and_decode_the_int4_copies(tiny_base_d
         rows_seen.clear()
         resident.model(input_ids=torch.randint(3, 99, (1, 40)))
         assert 40 in rows_seen
+
+
+@needs["int4"]
+def test_asking_for_plain_weights_gives_fp32s_exact_logits(tiny_base_dir):
+    """What the quality gate's scoring and a decode loop's prefill ask for: every lossy copy
+    (int4 linears, the bf16 head) steps aside."""
+    full = load_resident("tiny", tiny_base_dir, CPU, torch.float32)
+    int4 = load_resident("tiny", tiny_base_dir, CPU, torch.float32, weights="int4")
+    ids = torch.randint(3, 99, (2, 12))
+    with torch.inference_mode():
+        exact = full.model(input_ids=ids).logits
+        with int4.state.using([None, None], plain=True):
+            plain = int4.model(input_ids=ids).logits
+        quantized = int4.model(input_ids=ids).logits
+    assert torch.equal(plain, exact)
+    assert not torch.equal(quantized, exact)

@@ -40,7 +40,7 @@ class WithVariant(torch.nn.Module):
         self.resident, self.variant = resident, variant
 
     def forward(self, **kwargs):
-        with self.resident.state.using([self.variant]):
+        with self.resident.state.using([self.variant], plain=True):   # as the gate scores
             return self.resident.model(**kwargs)
 
 

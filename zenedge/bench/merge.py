@@ -88,7 +88,7 @@ class Scorer:
             from zenedge.evaluation import answer_loss
 
             pad = self.resident.tokenizer.pad_token_id or 0
-            with self.resident.state.using([variant]):
+            with self.resident.state.using([variant], plain=True):   # as the gate scores
                 loss = answer_loss(self.resident.model, profile.encoded, 16, pad)
             result = {"loss": loss}
             if profile.metric == "exact_match":

@@ -35,7 +35,9 @@ class CpuWeight:
     the format's rounding."""
 
     nbytes: int
-    plain_for_prefill = False   # a decode loop's prefill runs the plain weight instead (layers.VariantLinear._base)
+    # True when the copy rounds the plain weight (int8/int4, bf16 of an fp32 weight): a forward
+    # that asks for the plain weights (prefill, scoring: layers.VariantState.plain) then gets them.
+    lossy = False
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -56,6 +58,7 @@ class OneDnnBF16(CpuWeight):
     def __init__(self, weight: torch.Tensor):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16), 1)
         self.nbytes = weight.numel() * 2
+        self.lossy = weight.dtype != torch.bfloat16
 
     @staticmethod
     def fits(weight: torch.Tensor) -> bool:
@@ -75,7 +78,7 @@ class OneDnnBF16(CpuWeight):
 class Int8Weight(CpuWeight):
     """Symmetric int8 per output channel: W ≈ q · s[out]."""
 
-    plain_for_prefill = True
+    lossy = True
 
     def __init__(self, weight: torch.Tensor):
         w = weight.detach().float()
@@ -100,7 +103,7 @@ class Int4Weight(CpuWeight):
     kernel's convention: `zero` is the value of the middle code, not an integer offset)."""
 
     GROUP = 32
-    plain_for_prefill = True
+    lossy = True
 
     def __init__(self, weight: torch.Tensor):
         out, inp = weight.shape
@@ -181,12 +184,14 @@ def fast_copy_nbytes(weight: torch.Tensor, fmt: str) -> int:
 
 class FastLinear(nn.Module):
     """An nn.Linear (the output head) that multiplies with a fast copy; `.weight` is still the
-    plain parameter, so a tied embedding stays tied."""
+    plain parameter, so a tied embedding stays tied. `state` (the model's VariantState) says
+    when a forward wants the plain weight instead."""
 
-    def __init__(self, base: nn.Linear, fast: CpuWeight):
+    def __init__(self, base: nn.Linear, fast: CpuWeight, state=None):
         super().__init__()
         self.base = base
         self.fast = fast
+        self.state = state
 
     @property
     def weight(self) -> torch.Tensor:
@@ -197,6 +202,8 @@ class FastLinear(nn.Module):
         return self.base.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast.lossy and self.state is not None and self.state.plain:
+            return F.linear(x, self.base.weight, self.base.bias)
         return self.fast.linear(x, self.base.bias)
 
 
@@ -214,6 +221,7 @@ def convert_model(model: nn.Module, fmt: str) -> int:
     from zenedge.runtime.layers import VariantLinear
 
     converted = 0
+    state = next((m.state for m in model.modules() if isinstance(m, VariantLinear)), None)
     for name, module in list(model.named_modules()):
         if isinstance(module, VariantLinear):
             module.fast = fast_copy(module.base.weight, fmt)
@@ -225,6 +233,6 @@ def convert_model(model: nn.Module, fmt: str) -> int:
                 continue
             fast = fast_copy(module.weight, _HEAD_FORMATS.get(fmt, fmt))
             if fast is not None:
-                setattr(parent, child, FastLinear(module, fast))
+                setattr(parent, child, FastLinear(module, fast, state))
                 converted += 1
     return converted

@@ -96,7 +96,7 @@ class _Forward:
         self.lean = lean_llama.lean_forward(resident.model) if lean else None
 
     def __call__(self, input_ids, mask, positions, cache, prefill: bool = False) -> torch.Tensor:
-        with self.state.applied(self.batch, prefill=prefill):
+        with self.state.applied(self.batch, plain=prefill):
             if self.lean is not None:
                 return self.lean(input_ids, mask, positions, cache)
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
@@ -129,7 +129,7 @@ class DynamicStepper:
 
     def _run(self, input_ids, prefill: bool = False):
         f = self.forward
-        with f.state.applied(f.batch, prefill=prefill):
+        with f.state.applied(f.batch, plain=prefill):
             out = f.model(input_ids=input_ids, attention_mask=self.mask, position_ids=self.positions,
                           use_cache=True, logits_to_keep=1, **{f.cache_kw: self.cache})
         return out.logits[:, -1, :], getattr(out, f.cache_kw)

@@ -87,11 +87,12 @@ class VariantLinear(nn.Module):
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         # Functional calls: no nn.Module dispatch for the inner linear (210 of them per token).
-        # A decode loop's prefill multiplies with the plain weights, not int8/int4 copies: prefill
-        # is compute-bound, where fp32 GEMM beats kernels that dequantise as they go (int4 wins
-        # below ~32 rows, fp32 is 2× faster at 256). Always, not by size: a request must give the
-        # same tokens alone as in any batch. Decode steps and forwards outside a loop use the copies.
-        if self.fast is None or (self.state.prefilling and self.fast.plain_for_prefill):
+        # A decode loop's prefill (and teacher-forced scoring, which reads text the same way)
+        # multiplies with the plain weights, not int8/int4 copies: it is compute-bound, where fp32
+        # GEMM beats kernels that dequantise as they go (int4 wins below ~32 rows, fp32 is 2×
+        # faster at 256). Always, not by size: a request must give the same tokens alone as in
+        # any batch. Decode steps, and forwards that do not ask (`plain=False`), use the copies.
+        if self.fast is None or (self.state.plain and self.fast.lossy):
             return F.linear(x, self.base.weight, self.base.bias)
         return self.fast.linear(x, self.base.bias)
 
@@ -137,24 +138,25 @@ class VariantState:
         self._local.batch = batch
 
     @contextmanager
-    def using(self, rows: Sequence[Variant | None]) -> Iterator[RowVariants]:
-        with self.applied(RowVariants.build(rows, self.device)) as batch:
+    def using(self, rows: Sequence[Variant | None], *, plain: bool = False) -> Iterator[RowVariants]:
+        with self.applied(RowVariants.build(rows, self.device), plain=plain) as batch:
             yield batch
 
     @property
-    def prefilling(self) -> bool:
-        """True inside a decode loop's prefill (VariantLinear._base: plain weights)."""
-        return getattr(self._local, "prefilling", False)
+    def plain(self) -> bool:
+        """True where the current forward asked for the plain weights (VariantLinear._base)."""
+        return getattr(self._local, "plain", False)
 
     @contextmanager
-    def applied(self, batch: RowVariants, *, prefill: bool = False) -> Iterator[RowVariants]:
-        """Apply an already grouped batch (the decode loop groups once per request, not per token)."""
-        previous = self.current, self.prefilling
-        self.current, self._local.prefilling = batch, prefill
+    def applied(self, batch: RowVariants, *, plain: bool = False) -> Iterator[RowVariants]:
+        """Apply an already grouped batch (the decode loop groups once per request, not per
+        token). `plain`: multiply with the plain weights, not int8/int4 copies (prefill, scoring)."""
+        previous = self.current, self.plain
+        self.current, self._local.plain = batch, plain
         try:
             yield batch
         finally:
-            self.current, self._local.prefilling = previous
+            self.current, self._local.plain = previous
 
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
