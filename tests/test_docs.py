@@ -22,6 +22,8 @@ def test_doctor_reports_checks_and_fails_on_a_broken_config(isolated_home, tmp_p
     result = run_cli("doctor", "--json")
     checks = {c["check"]: c["status"] for c in json.loads(result.stdout)}
     assert checks["python"] == "ok" and checks["config"] == "ok" and "torch" in checks
+    runtime = next(c for c in json.loads(result.stdout) if c["check"] == "runtime")
+    assert runtime["status"] == "ok" and "weights" in runtime["detail"]
     config = tmp_path / "config" / "config.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text("[pool]\nbudget = 'lots'\n")

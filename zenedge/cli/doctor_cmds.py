@@ -39,6 +39,17 @@ def _checks() -> list[dict]:
         add("device", "ok", f"cuda: {torch.cuda.get_device_name(0)}" if cuda else "cpu (no CUDA device)")
     except Exception as exc:  # a broken torch install is exactly what doctor is for
         add("device", "fail", str(exc))
+    if cfg is not None:
+        try:
+            from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
+
+            device = pick_device(cfg.get("runtime", "device"))
+            dtype = str(pick_dtype(cfg.get("runtime", "dtype"), device)).replace("torch.", "")
+            weights = pick_weights(cfg.get("runtime", "weights"), device)
+            add("runtime", "ok", f"{device.type}, {dtype} activations, {weights} weights"
+                                 + (" (bf16 head)" if weights in ("int8", "int4") else ""))
+        except ZenedgeError as exc:
+            add("runtime", "fail", str(exc))
     from zenedge import bases
 
     try:
