@@ -1,11 +1,10 @@
 """bf16 on CPU: weights packed for oneDNN's linear give the plain bf16 model's logits (up to
-bf16 rounding), keep the tied head tied, and serve LoRA and BitDelta rows."""
+bf16 rounding) and keep the tied head tied (a dense BitDelta on a packed base: test_cpu_weights.py)."""
 
 import pytest
 import torch
 
 from zenedge.runtime import cpu_weights
-from zenedge.runtime.dense_bitdelta import densify
 from zenedge.runtime.layers import VariantLinear
 from zenedge.runtime.model import load_resident
 
@@ -43,26 +42,3 @@ def test_packed_bf16_model_matches_the_plain_one(tiny_base_dir, monkeypatch):
     assert (got - want).abs().max() < 0.02 * scale
     assert (got - exact).abs().max() < 0.03 * scale
     assert (got - exact).abs().max() > 0            # it did run in bf16
-
-
-@needs_onednn_bf16
-def test_a_dense_bitdelta_on_a_packed_base_is_packed_too(tiny_base_dir):
-    from zenedge.bitdelta.packing import pack_signs
-    from zenedge.runtime.variants import BitDeltaModule, Variant
-
-    resident = load_resident("tiny", tiny_base_dir, CPU, torch.bfloat16)
-    torch.manual_seed(0)
-    modules = {}
-    for name in resident.state.modules:
-        weight = resident.model.get_submodule(name).base.weight
-        modules[name] = BitDeltaModule(pack_signs(torch.randn(weight.shape)), torch.full((weight.shape[0],), 0.01),
-                                       weight.shape[1])
-    variant = Variant("d", "bitdelta", modules)
-    ids = torch.randint(3, 99, (2, 7))
-    with torch.inference_mode(), resident.state.using([variant, variant]):
-        packed_path = resident.model(input_ids=ids).logits.float()
-    densify(variant, resident.model)
-    assert all(isinstance(m.dense, cpu_weights.OneDnnBF16) for m in modules.values())
-    with torch.inference_mode(), resident.state.using([variant, variant]):
-        dense_path = resident.model(input_ids=ids).logits.float()
-    assert (dense_path - packed_path).abs().max() < 0.03 * packed_path.abs().max()

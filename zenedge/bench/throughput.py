@@ -173,21 +173,11 @@ def _weight_bytes(model) -> int:
     from zenedge.runtime.cpu_weights import FastLinear
     from zenedge.runtime.layers import VariantLinear
 
-    total = 0
-    for module in model.modules():
-        if isinstance(module, (VariantLinear, FastLinear)) and module.fast is not None:
-            total += module.fast.nbytes
-        elif isinstance(module, (VariantLinear, torch.nn.Linear)) and not _wrapped(model, module):
-            total += module.weight.numel() * module.weight.element_size()
-    return total
-
-
-def _wrapped(model, linear) -> bool:
-    """True for the nn.Linear inside a VariantLinear / FastLinear (counted through its wrapper)."""
-    from zenedge.runtime.cpu_weights import FastLinear
-    from zenedge.runtime.layers import VariantLinear
-
-    return any(isinstance(m, (VariantLinear, FastLinear)) and m.base is linear for m in model.modules())
+    wrappers = [m for m in model.modules() if isinstance(m, (VariantLinear, FastLinear))]
+    inside = {id(m.base) for m in wrappers}          # counted through their wrapper
+    plain = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and id(m) not in inside]
+    return (sum(m.fast.nbytes if m.fast is not None else m.weight.numel() * m.weight.element_size() for m in wrappers)
+            + sum(m.weight.numel() * m.weight.element_size() for m in plain))
 
 
 def _kv_bytes(config, element_size: int) -> int:

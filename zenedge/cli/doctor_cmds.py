@@ -46,8 +46,7 @@ def _checks() -> list[dict]:
             device = pick_device(cfg.get("runtime", "device"))
             dtype = str(pick_dtype(cfg.get("runtime", "dtype"), device)).replace("torch.", "")
             weights = pick_weights(cfg.get("runtime", "weights"), device)
-            add("runtime", "ok", f"{device.type}, {dtype} activations, {weights} weights"
-                                 + (" (bf16 head)" if weights in ("int8", "int4") else ""))
+            add("runtime", "ok", f"{device.type}, {dtype} activations, {weights} weights")
         except ZenedgeError as exc:
             add("runtime", "fail", str(exc))
     from zenedge import bases

@@ -9,13 +9,14 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
 - `Int8Weight`: weight-only int8, one scale per output channel (`aten._weight_int8pack_mm`).
 - `Int4Weight`: weight-only int4, asymmetric, one scale and zero per 32 inputs
   (`aten._weight_int4pack_mm_for_cpu`, the CPU twin of gpt-fast's tinygemm path). A quarter of
-  the bf16 bytes (plus 1/8 for scales): ~4× faster than fp32 per step's matmuls here
-  (BENCHMARKS.md), answer loss within 1 % of fp32 on the profiles' eval sets.
+  the bf16 bytes (plus 1/8 for scales): one step's matmuls 35.2 → 14.3 ms against fp32 (bf16 head
+  included), answer loss within 0.023 nats of fp32 on the profiles' eval sets (BENCHMARKS.md).
 
 The quantized kernels want bf16 activations (their fp32 paths are 10-30× slower), so `linear`
 casts x to bf16 and the result back: two tiny copies per matmul, whatever the model's dtype.
-The plain weight stays the model's parameter (state_dict, BitDelta reconstruction, LoRA export
-and the quality gates read it); the fast copy is extra memory (int4: +1/7 of an fp32 model).
+The plain weight stays the model's parameter (state_dict, BitDelta reconstruction and export
+read it; prefill and the quality gate multiply with it); the fast copy is extra memory (int4
+copies + bf16 head: +23 % of an fp32 SmolLM2-135M, 123 MB beside 540).
 
 `runtime.weights` picks the format: "full" (the model dtype's own weights, packed when bf16),
 "int8" or "int4"; CPU only. A weight whose shape a kernel cannot take stays plain.
@@ -26,9 +27,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-WEIGHT_FORMATS = ("full", "int8", "int4")
-
 
 class CpuWeight:
     """A matmul-only copy of an [out, in] weight: `linear(x, bias)` == F.linear(x, W, bias) up to
@@ -64,15 +62,10 @@ class OneDnnBF16(CpuWeight):
     def fits(weight: torch.Tensor) -> bool:
         return weight.is_floating_point() and onednn_bf16_available()
 
-    def linear(self, x, bias):
-        flat = x.reshape(-1, x.shape[-1])
-        if flat.dtype != torch.bfloat16:
-            y = torch.ops.mkldnn._linear_pointwise(flat.to(torch.bfloat16), self.packed,
-                                                  None if bias is None else bias.to(torch.bfloat16), "none", [], "")
-            y = y.to(x.dtype)
-        else:
-            y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, bias, "none", [], "")
-        return y.view(*x.shape[:-1], y.shape[-1])
+    def _matmul(self, flat):
+        # The casts are no-ops for a bf16 model; an fp32 model's head goes through bf16 and back.
+        return torch.ops.mkldnn._linear_pointwise(flat.to(torch.bfloat16), self.packed, None,
+                                                  "none", [], "").to(flat.dtype)
 
 
 class Int8Weight(CpuWeight):
@@ -169,19 +162,6 @@ def fast_copy(weight: torch.Tensor, fmt: str) -> CpuWeight | None:
     return cls(weight) if cls is not None else None
 
 
-def fast_copy_nbytes(weight: torch.Tensor, fmt: str) -> int:
-    """Bytes `fast_copy(weight, fmt)` would take, without building it (0 where none applies)."""
-    cls = _format_class(weight, fmt)
-    if cls is None:
-        return 0
-    out, inp = weight.shape
-    if cls is Int4Weight:
-        return out * inp // 2 + (inp // Int4Weight.GROUP) * out * 2 * 2
-    if cls is Int8Weight:
-        return out * inp + out * 2
-    return out * inp * 2
-
-
 class FastLinear(nn.Module):
     """An nn.Linear (the output head) that multiplies with a fast copy; `.weight` is still the
     plain parameter, so a tied embedding stays tied. `state` (the model's VariantState) says
@@ -214,18 +194,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor | CpuWeight, bias: torch.Tensor
     return F.linear(x, weight, bias)
 
 
-def convert_model(model: nn.Module, fmt: str) -> int:
+def convert_model(model: nn.Module, fmt: str) -> None:
     """Give every VariantLinear a fast copy of its base weight in `fmt` and wrap the other
-    linears (the output head) in FastLinear, in bf16 when `fmt` is int8 / int4. Returns how many
-    weights got one."""
+    linears (the output head) in FastLinear, in bf16 when `fmt` is int8 / int4."""
     from zenedge.runtime.layers import VariantLinear
 
-    converted = 0
     state = next((m.state for m in model.modules() if isinstance(m, VariantLinear)), None)
     for name, module in list(model.named_modules()):
         if isinstance(module, VariantLinear):
             module.fast = fast_copy(module.base.weight, fmt)
-            converted += module.fast is not None
         elif type(module) is nn.Linear:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
@@ -234,5 +211,3 @@ def convert_model(model: nn.Module, fmt: str) -> int:
             fast = fast_copy(module.weight, _HEAD_FORMATS.get(fmt, fmt))
             if fast is not None:
                 setattr(parent, child, FastLinear(module, fast, state))
-                converted += 1
-    return converted

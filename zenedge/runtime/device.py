@@ -5,8 +5,8 @@ activations with int4 weight-only decoder linears and a bf16 output head, unless
 Why int4 is the CPU default: decode streams every weight once per token, so bytes per weight
 decide the speed. bf16 halves them but torch's CPU bf16 kernels did not turn that into speed on
 the machine we measured (BENCHMARKS.md: 0.9-1.2× fp32); the int4 kernel reads 1/6 of fp32's
-bytes and runs a step's matmuls ~4× faster, for an answer loss within 0.01 nats of fp32 on the
-profiles' eval sets and the same exact-match scores (profiles/README.md). Greedy text can still
+bytes and decodes 2.4× faster end to end, for an answer loss within 0.023 nats of fp32 on the
+profiles' eval sets and exact-match scores within one example in 32 (BENCHMARKS.md). Greedy text can still
 change where fp32 is nearly undecided between two tokens, as with bf16; `runtime.weights =
 "full"` gives fp32's exact numbers."""
 
@@ -38,7 +38,7 @@ def pick_weights(setting: str, device: torch.device) -> str:
     """The CPU matmul weight format: "full" (the dtype's own weights), "int8" or "int4"."""
     from zenedge.runtime.cpu_weights import quantized_kernels_available
 
-    if setting == "auto":   # int4 on CPU: ~3× fp32's decode, answer loss within 0.01 (BENCHMARKS.md)
+    if setting == "auto":   # int4 on CPU: the module docstring says why
         return "int4" if device.type == "cpu" and quantized_kernels_available("int4") else "full"
     if setting != "full" and device.type != "cpu":
         raise Unavailable(f'runtime.weights = "{setting}" is a CPU format; on {device.type} the weights stay full',
