@@ -49,6 +49,22 @@ def test_shapes_the_int4_kernel_cannot_take_stay_plain():
 
 
 @needs["int4"]
+def test_stacked_int4_copies_multiply_like_their_parts_side_by_side():
+    torch.manual_seed(0)
+    parts = [Int4Weight(torch.randn(rows, 96) * 0.05) for rows in (128, 64, 64)]
+    x = torch.randn(3, 96)
+    apart = torch.cat([p.linear(x, None) for p in parts], dim=-1)
+    stacked = cpu_weights.stacked(parts)
+    assert torch.equal(stacked.linear(x, None), apart)
+    assert stacked.nbytes == sum(p.nbytes for p in parts)
+    # The parts now read their rows of the stacked codes (no second copy) and still multiply alike.
+    assert parts[1].packed.data_ptr() == stacked.packed[128:].data_ptr()
+    assert torch.equal(torch.cat([p.linear(x, None) for p in parts], dim=-1), apart)
+    assert cpu_weights.stacked([Int4Weight(torch.randn(48, 96)), Int4Weight(torch.randn(64, 96))]) is None  # part of a 64-row block
+    assert cpu_weights.stacked([Int8Weight(torch.randn(64, 96))] * 2) is None                              # int4 only
+
+
+@needs["int4"]
 def test_an_int4_resident_is_close_to_fp32_and_adds_lora_rows_exactly(tiny_base_dir, lora_factory):
     from zenedge.runtime.variants import load_lora
 

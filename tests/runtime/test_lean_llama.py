@@ -9,7 +9,7 @@ import torch
 from tests.conftest import tiny_tokenizer
 from zenedge.bitdelta.packing import pack_signs
 from zenedge.merge.factors import LoraFactors
-from zenedge.runtime import decode, lean_llama
+from zenedge.runtime import cpu_weights, decode, lean_llama
 from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
 from zenedge.runtime.layers import RowVariants, patch_model
 from zenedge.runtime.model import ResidentModel
@@ -162,3 +162,32 @@ def assert_refused_but_served(resident):
         assert stepper.forward.lean is None
         logits = stepper.prefill(torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.bool))
         assert logits.shape == (1, SMALL["vocab_size"]) and torch.isfinite(logits).all()
+
+
+@pytest.mark.skipif(not cpu_weights.quantized_kernels_available("int4"), reason="no int4 CPU kernel")
+@pytest.mark.parametrize("rows, bias", [("base", False), ("lora", False), ("bitdelta", False), ("mixed", False),
+                                        ("base", True), ("lora", True)])
+def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, monkeypatch):
+    """On int4 copies a decode step calls the kernels directly, q/k/v and gate/up as one stacked
+    product each (biases stacked too), LoRA products added on the slices: bit for bit what the
+    modules compute."""
+    resident = tiny_resident(hidden_size=128, intermediate_size=128, num_key_value_heads=2,   # k/v: 64 rows
+                             attention_bias=bias, mlp_bias=bias)
+    if bias:   # transformers initialises biases to zero: make them count
+        for layer in resident.model.model.layers:
+            for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.up_proj):
+                linear.base.bias.normal_(0, 0.5)
+    cpu_weights.convert_model(resident.model, "int4")
+    variants = {"base": [None, None], "lora": [lora(resident, 1)] * 2, "bitdelta": [bitdelta(resident, 2)] * 2,
+                "mixed": [lora(resident, 1), None]}[rows]
+    prompts = [[5, 9, 17, 33], [40, 41, 42, 43]]
+    bound = step_logits(resident, variants, prompts, lean=True)
+    attention = resident.model.model.layers[0].self_attn
+    stacked = getattr(attention.q_proj, lean_llama._STACKED_ATTR, (None, None))[1]
+    assert (stacked is not None) == (rows in ("base", "lora"))        # BitDelta and mixed rows: the modules'
+    with monkeypatch.context() as m:                                  # every linear called as a module
+        m.setattr(lean_llama, "_bound", lambda linear, batch: linear)
+        m.setattr(lean_llama, "_products", lambda linears, batch: lean_llama._each(*linears))
+        modules = step_logits(resident, variants, prompts, lean=True)
+    assert torch.equal(bound, modules)
+    torch.testing.assert_close(bound, step_logits(resident, variants, prompts, lean=False), atol=0.05, rtol=0.01)

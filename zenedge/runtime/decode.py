@@ -93,12 +93,12 @@ class _Forward:
         self.state = resident.state
         self.batch = batch
         self.cache_kw = cache_argument(resident.model)
-        self.lean = lean_llama.lean_forward(resident.model) if lean else None
+        self.lean = lean_llama.lean_forward(resident.model, batch) if lean else None
 
     def __call__(self, input_ids, mask, positions, cache, prefill: bool = False) -> torch.Tensor:
         with self.state.applied(self.batch, plain=prefill):
             if self.lean is not None:
-                return self.lean(input_ids, mask, positions, cache)
+                return self.lean(input_ids, mask, positions, cache, plain=prefill)
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
         return out.logits[:, -1, :]   # [B, V]

@@ -21,10 +21,14 @@ To force the transformers path on a model (tests, benchmarks): `set_enabled(mode
 from __future__ import annotations
 
 import importlib
+import threading
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from zenedge.merge.factors import LoraFactors
+from zenedge.runtime import cpu_weights
 
 # model_type → (transformers module, class-name prefix). Mistral and Qwen2 are Llama's math exactly
 # once no layer slides its window (their only difference; the rule below refuses sliding): same
@@ -50,13 +54,13 @@ def supported(model: nn.Module) -> bool:
     return unsupported_reason(model) is None
 
 
-def lean_forward(model: nn.Module) -> "LeanLlama | None":
-    """The lean forward of `model`, or None when it is disabled or the model is not supported.
-    Checked and built per call (~1 ms of module lookups, once per request), so a module swapped
-    or hooked after loading is picked up."""
+def lean_forward(model: nn.Module, batch=None) -> "LeanLlama | None":
+    """The lean forward of `model` for one request's `batch` (its RowVariants), or None when it is
+    disabled or the model is not supported. Checked and built per request (~1 ms of module
+    lookups), so a module swapped or hooked after loading is picked up."""
     if not getattr(model, _ENABLED_ATTR, True) or not supported(model):
         return None
-    return LeanLlama(model)
+    return LeanLlama(model, batch)
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -109,7 +113,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
 class LeanLlama:
     """The forward of one supported model, its modules looked up once."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, batch=None):
         inner = model.model
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
@@ -127,29 +131,47 @@ class LeanLlama:
                 _activation(mlp.act_fn)))
         head_dim = inner.layers[0].self_attn.head_dim if self.layers else 2
         self.signs = _rotate_half_signs(head_dim, self.embed.weight.dtype, self.embed.weight.device)
+        # A decode step's linears, bound once for the request: where no row's variant touches a
+        # linear, its kernel is called directly (VariantLinear.bound), skipping ~8 µs of module
+        # and wrapper calls each, 211 times per token; q/k/v and gate/up then run as one product
+        # each where their copies stack (_products). `plain_layers`: the same step on the modules.
+        self.plain_layers = [self._step_layer(layer, None, bind=False) for layer in self.layers]
+        self.step_layers = [self._step_layer(layer, batch, bind=True) for layer in self.layers]
+        self.step_head = _bound(self.head, batch)
 
-    def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+    @staticmethod
+    def _step_layer(layer, batch, bind: bool):
+        i, norm1, q, k, v, o, heads, kv_heads, dim, scaling, norm2, gate, up, down, act = layer
+        if not bind:
+            return (i, norm1, _each(q, k, v), o, heads, kv_heads, dim, scaling, norm2, _each(gate, up), down, act)
+        return (i, norm1, _products((q, k, v), batch), _bound(o, batch), heads, kv_heads, dim, scaling, norm2,
+                _products((gate, up), batch), _bound(down, batch), act)
+
+    def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache,
+                 plain: bool = False) -> torch.Tensor:
         # input_ids, positions: [B, T]; mask: [B, 1, T, L] additive; cache.update(k, v, i) → [B, H_kv, L, D]
+        # plain: the forward multiplies with the plain weights (a prefill: VariantState.plain), so
+        # the linears are called as modules, which read that flag.
         x = self.embed(input_ids)                                           # [B, T, hidden]
         cos, sin = self.rotary(x, positions)                                # [B, T, D] each, x's dtype
         if input_ids.shape[1] == 1 and mask.shape[1] == 1:
-            x = self._decode(x[:, 0], cos[:, 0], sin[:, 0], mask, cache)
-        else:
-            x = self._prefill(x, cos, sin, mask, cache)[:, -1]
+            layers, head = (self.plain_layers, self.head) if plain else (self.step_layers, self.step_head)
+            return head(self.norm(self._decode(x[:, 0], cos[:, 0], sin[:, 0], mask, cache, layers)))
+        x = self._prefill(x, cos, sin, mask, cache)[:, -1]
         return self.head(self.norm(x))                                      # [B, hidden] → [B, V]
 
-    def _decode(self, x, cos, sin, mask, cache):
+    def _decode(self, x, cos, sin, mask, cache, layers):
         """One token per row, x: [B, hidden] (2-D all the way: the linears skip matmul's reshapes)."""
         batch = x.shape[0]
         # rope as one [H, D]·[D, D] product per row: R = diag(cos) + (rotate_half as a signed
         # permutation)·sin. Each output sums the same two products as transformers' (the rest are
         # exact zeros), in one op for q and one for k instead of six.
         rotation = torch.diag_embed(cos) + self.signs * sin[:, None, :]     # [B, D, D]
-        for i, norm1, q_proj, k_proj, v_proj, o_proj, heads, kv_heads, dim, scaling, norm2, gate, up, down, act in self.layers:
+        for i, norm1, qkv_proj, o_proj, heads, kv_heads, dim, scaling, norm2, gate_up, down, act in layers:
             h = norm1(x)
-            q = torch.bmm(q_proj(h).view(batch, heads, dim), rotation)     # [B, H, D]
-            k = torch.bmm(k_proj(h).view(batch, kv_heads, dim), rotation)
-            v = v_proj(h)
+            q, k, v = qkv_proj(h)
+            q = torch.bmm(q.view(batch, heads, dim), rotation)             # [B, H, D]
+            k = torch.bmm(k.view(batch, kv_heads, dim), rotation)
             keys, values = cache.update(k.view(batch, kv_heads, 1, dim), v.view(batch, kv_heads, 1, dim), i)
             if mask.shape[-1] != keys.shape[-2]:
                 mask = mask[..., :keys.shape[-2]]
@@ -159,8 +181,8 @@ class LeanLlama:
             out = F.scaled_dot_product_attention(q.view(batch, kv_heads, heads // kv_heads, dim), keys, values,
                                                  attn_mask=mask, scale=scaling)
             x = x + o_proj(out.view(batch, heads * dim))
-            h = norm2(x)
-            x = x + down(act(gate(h)) * up(h))
+            g, u = gate_up(norm2(x))
+            x = x + down(act(g) * u)
         return x
 
     def _prefill(self, x, cos, sin, mask, cache):
@@ -185,6 +207,55 @@ class LeanLlama:
             h = norm2(x)
             x = x + down(act(gate(h)) * up(h))
         return x
+
+
+def _bound(linear, batch):
+    """`linear` as a decode step of `batch` may call it (VariantLinear.bound, FastLinear.bound),
+    or the module itself (a plain nn.Linear, a wrapper we do not know)."""
+    bound = getattr(linear, "bound", None)
+    return bound(batch) if bound is not None else linear
+
+
+def _each(*linears):
+    """Several linears on one input, their outputs as a list."""
+    return lambda h: [linear(h) for linear in linears]
+
+
+_STACKED_ATTR = "_zenedge_stacked"
+_stacking = threading.Lock()
+
+
+def _products(linears, batch):
+    """`_each(linears)` for a decode step of `batch`; where the base products can be one kernel
+    call on the linears' stacked copies (cpu_weights.stacked: bit for bit the same products) and
+    each linear adds at most a LoRA product, that call plus the LoRA products on its slices. The
+    stacked copy is made once and kept on the first linear."""
+    deltas = [linear.step_delta(batch) if hasattr(linear, "step_delta") else linear for linear in linears]
+    fast = tuple(getattr(linear, "fast", None) for linear in linears)
+    biases = [getattr(linear, "base", linear).bias for linear in linears]   # a VariantLinear's is its base's
+    if any(d is not None and not isinstance(d, LoraFactors) for d in deltas) or None in fast or \
+            len({bias is None for bias in biases}) != 1:
+        return _each(*(_bound(linear, batch) for linear in linears))
+    with _stacking:
+        made = getattr(linears[0], _STACKED_ATTR, None)
+        if made is None or made[0] != fast:
+            made = (fast, cpu_weights.stacked(list(fast)),
+                    None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
+            setattr(linears[0], _STACKED_ATTR, made)
+    stacked, bias = made[1], made[2]
+    if stacked is None:
+        return _each(*(_bound(linear, batch) for linear in linears))
+    product, sizes = stacked.matmul_fn(bias), [linear.base.out_features for linear in linears]
+    loras = [(i, *d.transposed, d.scale) for i, d in enumerate(deltas) if d is not None]
+    if not loras:
+        return lambda h: product(h).split_with_sizes(sizes, -1)
+
+    def with_loras(h):
+        parts = product(h).split_with_sizes(sizes, -1)
+        for i, a_t, b_t, scale in loras:
+            parts[i].addmm_(h @ a_t, b_t, alpha=scale)
+        return parts
+    return with_loras
 
 
 def _rotate_half_signs(dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
