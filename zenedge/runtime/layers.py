@@ -114,8 +114,14 @@ class VariantLinear(nn.Module):
             base, (a_t, b_t), scale = self.base_fn(), delta.transposed, delta.scale
             return lambda x: base(x).addmm_(x @ a_t, b_t, alpha=scale)
         if isinstance(delta, BitDeltaModule):
-            # module.dense is read per call: the cache may densify or drop it mid-request.
-            return lambda x: self._bitdelta(x, delta)
+            bias = self.base.bias
+
+            def bitdelta(x):
+                dense = delta.dense   # read per call: the cache may densify or drop it mid-request
+                if isinstance(dense, CpuWeight):
+                    return dense.matmul_fn(bias)(x)
+                return self._bitdelta(x, delta)
+            return bitdelta
         return self
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
