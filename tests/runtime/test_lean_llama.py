@@ -10,6 +10,7 @@ from tests.conftest import tiny_tokenizer
 from zenedge.bitdelta.packing import pack_signs
 from zenedge.merge.factors import LoraFactors
 from zenedge.runtime import cpu_weights, decode, lean_llama
+from zenedge.runtime.dense_bitdelta import densify, undensify
 from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
 from zenedge.runtime.layers import RowVariants, patch_model
 from zenedge.runtime.model import ResidentModel
@@ -165,8 +166,8 @@ def assert_refused_but_served(resident):
 
 
 @pytest.mark.skipif(not cpu_weights.quantized_kernels_available("int4"), reason="no int4 CPU kernel")
-@pytest.mark.parametrize("rows, bias", [("base", False), ("lora", False), ("bitdelta", False), ("mixed", False),
-                                        ("base", True), ("lora", True)])
+@pytest.mark.parametrize("rows, bias", [("base", False), ("lora", False), ("bitdelta", False), ("hot-bitdelta", False),
+                                        ("mixed", False), ("base", True), ("lora", True)])
 def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, monkeypatch):
     """On int4 copies a decode step calls the kernels directly, q/k/v and gate/up as one stacked
     product each (biases stacked too), LoRA products added on the slices: bit for bit what the
@@ -179,15 +180,38 @@ def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, monkey
                 linear.base.bias.normal_(0, 0.5)
     cpu_weights.convert_model(resident.model, "int4")
     variants = {"base": [None, None], "lora": [lora(resident, 1)] * 2, "bitdelta": [bitdelta(resident, 2)] * 2,
-                "mixed": [lora(resident, 1), None]}[rows]
+                "hot-bitdelta": [bitdelta(resident, 2)] * 2, "mixed": [lora(resident, 1), None]}[rows]
+    if rows == "hot-bitdelta":
+        densify(variants[0], resident.model)
     prompts = [[5, 9, 17, 33], [40, 41, 42, 43]]
     bound = step_logits(resident, variants, prompts, lean=True)
     attention = resident.model.model.layers[0].self_attn
     stacked = getattr(attention.q_proj, lean_llama._STACKED_ATTR, (None, None))[1]
-    assert (stacked is not None) == (rows in ("base", "lora"))        # BitDelta and mixed rows: the modules'
+    assert (stacked is not None) == (rows in ("base", "lora"))        # BitDelta and mixed rows: one by one
     with monkeypatch.context() as m:                                  # every linear called as a module
         m.setattr(lean_llama, "_bound", lambda linear, batch: linear)
         m.setattr(lean_llama, "_products", lambda linears, batch: lean_llama._each(*linears))
         modules = step_logits(resident, variants, prompts, lean=True)
     assert torch.equal(bound, modules)
     torch.testing.assert_close(bound, step_logits(resident, variants, prompts, lean=False), atol=0.05, rtol=0.01)
+
+
+@pytest.mark.skipif(not cpu_weights.quantized_kernels_available("int4"), reason="no int4 CPU kernel")
+def test_a_bound_bitdelta_linear_follows_its_dense_copy_mid_request():
+    """The delta cache may densify a variant, or drop its dense copy, while a request decodes: the
+    bound step reads the module's state per call, as the module does."""
+    resident = tiny_resident(hidden_size=128, intermediate_size=128, num_key_value_heads=2)
+    cpu_weights.convert_model(resident.model, "int4")
+    variant = bitdelta(resident, 2)
+    linear = resident.model.model.layers[0].mlp.down_proj
+    batch = RowVariants.build([variant], CPU)
+    step = linear.bound(batch)
+    x = torch.randn(1, linear.base.in_features)
+    with torch.inference_mode(), resident.state.applied(batch):
+        cold = step(x)
+        assert torch.equal(cold, linear(x))
+        densify(variant, resident.model)
+        hot = step(x)
+        assert torch.equal(hot, linear(x)) and not torch.equal(hot, cold)
+        undensify(variant)
+        assert torch.equal(step(x), cold)
