@@ -9,9 +9,9 @@ object, so one forward serves a mixed batch.
 from __future__ import annotations
 
 import threading
-from functools import partial
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Iterator, Sequence
 
 import torch
