@@ -193,6 +193,10 @@ def test_a_prefill_runs_the_plain_weights_and_decode_the_int4_copies(tiny_base_d
 
     assert run(40) == {1}          # only the decode steps (one row each) reached the int4 kernel
     assert run(3) == {1}           # short prompts too: alone or batched, a prompt is read the same way
+    rows_seen.clear()
+    for _ in generate(resident, [GenerationRequest([7], None, SamplingParams(max_tokens=1))], stepper="static"):
+        pass
+    assert rows_seen == []         # a one-token prompt is a prefill too, not a decode step
     assert run(3, 40) == {2}
     with torch.inference_mode():   # outside a decode loop every forward is int4 (what quality checks measure)
         rows_seen.clear()

@@ -42,11 +42,11 @@ class CpuWeight:
     lossy = False
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])   # decode steps are 2-D already
         y = self._matmul(flat)
         if bias is not None:
             y = y + bias
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:  # [N, in] → [N, out], in flat's dtype
         raise NotImplementedError

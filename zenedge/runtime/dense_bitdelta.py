@@ -32,11 +32,15 @@ def dense_nbytes(variant: Variant, model: torch.nn.Module) -> int:
     base's own matmul uses (plain, packed bf16, int8 or int4: `runtime.weights`)."""
     total = 0
     for name in variant.modules:
-        linear = model.get_submodule(name)
-        fast = getattr(linear, "fast", None)
-        weight = getattr(linear, "base", linear).weight   # a VariantLinear wraps the base nn.Linear
+        weight, fast = _base_weight(model, name)
         total += fast.nbytes if fast is not None else weight.numel() * weight.element_size()
     return total
+
+
+def _base_weight(model: torch.nn.Module, name: str):
+    """(plain weight, fast copy or None) of the base linear `name` (a VariantLinear wraps it)."""
+    linear = model.get_submodule(name)
+    return getattr(linear, "base", linear).weight, getattr(linear, "fast", None)
 
 
 def densify(variant: Variant, model: torch.nn.Module) -> None:
@@ -47,10 +51,8 @@ def densify(variant: Variant, model: torch.nn.Module) -> None:
 
     for name, module in variant.modules.items():
         if isinstance(module, BitDeltaModule) and module.dense is None:
-            linear = model.get_submodule(name)
-            weight = getattr(linear, "base", linear).weight
+            weight, fast = _base_weight(model, name)
             dense = reconstruct_weight(weight, module.packed, module.alpha, dtype=weight.dtype)
-            fast = getattr(linear, "fast", None)
             module.dense = type(fast)(dense) if fast is not None else dense
 
 

@@ -134,40 +134,33 @@ class LeanLlama:
         # A decode step's linears, bound once for the request: where no row's variant touches a
         # linear, its kernel is called directly (VariantLinear.bound), skipping ~8 µs of module
         # and wrapper calls each, 211 times per token; q/k/v and gate/up then run as one product
-        # each where their copies stack (_products). `plain_layers`: the same step on the modules.
-        self.plain_layers = [self._step_layer(layer, None, bind=False) for layer in self.layers]
-        self.step_layers = [self._step_layer(layer, batch, bind=True) for layer in self.layers]
+        # each where their copies stack (_products).
+        self.step_layers = [(i, norm1, _products((q, k, v), batch), _bound(o, batch), heads, kv_heads, dim, scaling,
+                             norm2, _products((gate, up), batch), _bound(down, batch), act)
+                            for i, norm1, q, k, v, o, heads, kv_heads, dim, scaling, norm2, gate, up, down, act
+                            in self.layers]
         self.step_head = _bound(self.head, batch)
-
-    @staticmethod
-    def _step_layer(layer, batch, bind: bool):
-        i, norm1, q, k, v, o, heads, kv_heads, dim, scaling, norm2, gate, up, down, act = layer
-        if not bind:
-            return (i, norm1, _each(q, k, v), o, heads, kv_heads, dim, scaling, norm2, _each(gate, up), down, act)
-        return (i, norm1, _products((q, k, v), batch), _bound(o, batch), heads, kv_heads, dim, scaling, norm2,
-                _products((gate, up), batch), _bound(down, batch), act)
 
     def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache,
                  plain: bool = False) -> torch.Tensor:
         # input_ids, positions: [B, T]; mask: [B, 1, T, L] additive; cache.update(k, v, i) → [B, H_kv, L, D]
-        # plain: the forward multiplies with the plain weights (a prefill: VariantState.plain), so
-        # the linears are called as modules, which read that flag.
+        # plain: a prefill, multiplied with the plain weights (VariantState.plain), which only the
+        # modules know about: it takes the general path even for a one-token prompt.
         x = self.embed(input_ids)                                           # [B, T, hidden]
         cos, sin = self.rotary(x, positions)                                # [B, T, D] each, x's dtype
-        if input_ids.shape[1] == 1 and mask.shape[1] == 1:
-            layers, head = (self.plain_layers, self.head) if plain else (self.step_layers, self.step_head)
-            return head(self.norm(self._decode(x[:, 0], cos[:, 0], sin[:, 0], mask, cache, layers)))
+        if input_ids.shape[1] == 1 and mask.shape[1] == 1 and not plain:
+            return self.step_head(self.norm(self._decode(x[:, 0], cos[:, 0], sin[:, 0], mask, cache)))
         x = self._prefill(x, cos, sin, mask, cache)[:, -1]
         return self.head(self.norm(x))                                      # [B, hidden] → [B, V]
 
-    def _decode(self, x, cos, sin, mask, cache, layers):
+    def _decode(self, x, cos, sin, mask, cache):
         """One token per row, x: [B, hidden] (2-D all the way: the linears skip matmul's reshapes)."""
         batch = x.shape[0]
         # rope as one [H, D]·[D, D] product per row: R = diag(cos) + (rotate_half as a signed
         # permutation)·sin. Each output sums the same two products as transformers' (the rest are
         # exact zeros), in one op for q and one for k instead of six.
         rotation = torch.diag_embed(cos) + self.signs * sin[:, None, :]     # [B, D, D]
-        for i, norm1, qkv_proj, o_proj, heads, kv_heads, dim, scaling, norm2, gate_up, down, act in layers:
+        for i, norm1, qkv_proj, o_proj, heads, kv_heads, dim, scaling, norm2, gate_up, down, act in self.step_layers:
             h = norm1(x)
             q, k, v = qkv_proj(h)
             q = torch.bmm(q.view(batch, heads, dim), rotation)             # [B, H, D]
@@ -226,23 +219,23 @@ _stacking = threading.Lock()
 
 
 def _products(linears, batch):
-    """`_each(linears)` for a decode step of `batch`; where the base products can be one kernel
-    call on the linears' stacked copies (cpu_weights.stacked: bit for bit the same products) and
-    each linear adds at most a LoRA product, that call plus the LoRA products on its slices. The
-    stacked copy is made once and kept on the first linear."""
+    """`_each` of the linears' bound steps for `batch`; where each linear adds at most a LoRA
+    product and their fast copies stack (cpu_weights.stacked: bit for bit the same products), one
+    kernel call plus the LoRA products on its slices instead. The stacked copy is made once and
+    kept on the first linear."""
     deltas = [linear.step_delta(batch) if hasattr(linear, "step_delta") else linear for linear in linears]
     fast = tuple(getattr(linear, "fast", None) for linear in linears)
     biases = [getattr(linear, "base", linear).bias for linear in linears]   # a VariantLinear's is its base's
-    if any(d is not None and not isinstance(d, LoraFactors) for d in deltas) or None in fast or \
-            len({bias is None for bias in biases}) != 1:
-        return _each(*(_bound(linear, batch) for linear in linears))
-    with _stacking:
-        made = getattr(linears[0], _STACKED_ATTR, None)
-        if made is None or made[0] != fast:
-            made = (fast, cpu_weights.stacked(list(fast)),
-                    None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
-            setattr(linears[0], _STACKED_ATTR, made)
-    stacked, bias = made[1], made[2]
+    stacked = None
+    if all(d is None or isinstance(d, LoraFactors) for d in deltas) and None not in fast \
+            and len({bias is None for bias in biases}) == 1:
+        with _stacking:
+            made = getattr(linears[0], _STACKED_ATTR, None)
+            if made is None or made[0] != fast:
+                made = (fast, cpu_weights.stacked(list(fast)),
+                        None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
+                setattr(linears[0], _STACKED_ATTR, made)
+        stacked, bias = made[1], made[2]
     if stacked is None:
         return _each(*(_bound(linear, batch) for linear in linears))
     product, sizes = stacked.matmul_fn(bias), [linear.base.out_features for linear in linears]
