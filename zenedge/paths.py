@@ -3,6 +3,7 @@
 ZENEDGE_HOME    the pool (blobs, index, bases)     default: platformdirs user data dir
 ZENEDGE_CONFIG  the TOML config file               default: platformdirs user config dir/config.toml
 ZENEDGE_TOKEN   bearer token for the TCP listener  default: a generated 0600 file in the home
+ZENEDGE_NATIVE_KERNELS  0 turns off the C kernels for the CPU (kernels/native.py)  default: on
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ def home() -> Path:
 def config_path() -> Path:
     value = os.environ.get("ZENEDGE_CONFIG")
     return Path(value).expanduser() if value else Path(platformdirs.user_config_dir(APP)) / "config.toml"
+
+
+def kernel_cache() -> Path:
+    """Where compiled CPU kernels are kept: per machine and user, not per pool."""
+    return Path(platformdirs.user_cache_dir(APP)) / "kernels"
+
+
+def native_kernels_enabled() -> bool:
+    return os.environ.get("ZENEDGE_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def runtime_dir() -> Path:

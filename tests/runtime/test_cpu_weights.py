@@ -1,14 +1,16 @@
-"""Weight-only int8 / int4 CPU copies: the kernels multiply by what the quantizer says they do,
-rounding stays within the format's step, shapes a kernel cannot take stay plain, and a resident
-served from int4 copies keeps LoRA rows exact on top of it and densifies BitDelta in int4 too."""
+"""Weight-only int8 / int4 CPU copies: the kernels (torch's, and zenedge's C kernel for int4)
+multiply by what the quantizer says they do, rounding stays within the format's step, shapes a
+kernel cannot take stay plain, and a resident served from int4 copies keeps LoRA rows exact on
+top of it and densifies BitDelta in int4 too."""
 
 import json
 
 import pytest
 import torch
 
+from zenedge.kernels import native
 from zenedge.runtime import cpu_weights
-from zenedge.runtime.cpu_weights import Int4Weight, Int8Weight, OneDnnBF16, fast_copy
+from zenedge.runtime.cpu_weights import Int4Weight, Int8Weight, NativeInt4Weight, OneDnnBF16, fast_copy
 from zenedge.runtime.dense_bitdelta import dense_nbytes, densify
 from zenedge.runtime.layers import VariantLinear
 from zenedge.runtime.model import load_resident
@@ -16,52 +18,99 @@ from zenedge.runtime.model import load_resident
 CPU = torch.device("cpu")
 needs = {fmt: pytest.mark.skipif(not cpu_weights.quantized_kernels_available(fmt), reason=f"no {fmt} CPU kernel")
          for fmt in ("int8", "int4")}
+needs["native"] = pytest.mark.skipif(native.int4_gemm() is None, reason="no native int4 kernel on this machine")
+INT4 = (Int4Weight, NativeInt4Weight)
 
 
-@pytest.mark.parametrize("fmt", [pytest.param("int8", marks=needs["int8"]), pytest.param("int4", marks=needs["int4"])])
-def test_the_kernel_multiplies_by_the_dequantized_weight(fmt):
+@pytest.mark.parametrize("kind", [pytest.param(Int8Weight, marks=needs["int8"]), pytest.param(Int4Weight, marks=needs["int4"]),
+                                  pytest.param(NativeInt4Weight, marks=needs["native"])])
+def test_the_kernel_multiplies_by_the_dequantized_weight(kind):
     torch.manual_seed(0)
-    weight = torch.randn(48, 96) * 0.05
-    fast = fast_copy(weight, fmt)
-    x = torch.randn(5, 96)
+    weight = torch.randn(50, 128) * 0.05 if kind is NativeInt4Weight else torch.randn(48, 96) * 0.05
+    fast = kind(weight)
+    x = torch.randn(5, weight.shape[1])
     deq = fast.dequantized()
     # Within the format's step: half a code per element (int8: per row; int4: per 32-input group),
     # plus bf16 rounding of the scales (2^-8 relative).
-    if fmt == "int8":
+    if kind is Int8Weight:
         step = weight.abs().amax(1, keepdim=True) / 127
     else:
-        groups = weight.view(48, 3, 32)
+        groups = weight.view(weight.shape[0], -1, 32)
         step = ((groups.amax(-1) - groups.amin(-1)) / 15).repeat_interleave(32, dim=1)
     assert ((deq - weight).abs() <= step / 2 + 0.01 * step + 0.01 * weight.abs()).all()
     got = fast.linear(x, None)
     want = x.bfloat16().float() @ deq.t()
     assert got.dtype == torch.float32                                  # back in the activations' dtype
     assert (got - want).abs().max() < 0.02 * want.abs().max()
-    assert fast.nbytes < weight.numel() * (1.1 if fmt == "int8" else 0.65)   # int4: 0.5 + 4/32 bytes; fp32: 4
+    assert fast.nbytes < weight.numel() * (1.1 if kind is Int8Weight else 0.65)   # int4: 0.5 + 4/32 bytes; fp32: 4
+
+
+@needs["native"]
+@needs["int4"]
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_the_native_int4_kernel_multiplies_by_torchs_int4_weights(rows):
+    """The same codes, scales and zeros as torch's int4 copy: the same dequantized weight (up to
+    the bf16 rounding torch's kernel gives its output), products in fp32 that torch's kernel rounds
+    to bf16; odd row counts exercise the kernel's one-row tail; bf16 inputs come back bf16."""
+    torch.manual_seed(1)
+    weight = torch.randn(67, 192) * 0.05
+    ours, torchs = NativeInt4Weight(weight[:64]), Int4Weight(weight[:64])
+    assert torch.allclose(ours.dequantized(), torchs.dequantized(), rtol=2 ** -8, atol=1e-6)
+    x = torch.randn(rows, 192)
+    exact = x.bfloat16().float() @ ours.dequantized().t()
+    assert (ours.linear(x, None) - exact).abs().max() < 1e-4 * exact.abs().max()
+    assert (torchs.linear(x, None) - exact).abs().max() < 1e-2 * exact.abs().max()   # bf16 outputs
+    odd = NativeInt4Weight(weight)
+    y = odd.linear(x, torch.ones(67))
+    assert torch.allclose(y - 1, x.bfloat16().float() @ odd.dequantized().t(), rtol=1e-4, atol=1e-4)
+    assert odd.linear(x.bfloat16(), None).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="features"):                 # the C kernel trusts its shapes: we check
+        odd.linear(torch.randn(rows, 128), None)
 
 
 @needs["int4"]
-def test_shapes_the_int4_kernel_cannot_take_stay_plain():
-    assert fast_copy(torch.randn(33, 64), "int4") is None                # out not a multiple of 16
+def test_shapes_the_int4_kernel_cannot_take_stay_plain(monkeypatch):
     assert fast_copy(torch.randn(32, 48), "int4") is None                # in not a multiple of 32
-    assert isinstance(fast_copy(torch.randn(32, 64), "int4"), Int4Weight)
+    assert type(fast_copy(torch.randn(32, 96), "int4")) is Int4Weight    # the C kernel takes whole 64-input blocks
     assert isinstance(fast_copy(torch.randn(33, 48), "int8"), Int8Weight)   # int8 takes any shape
+    if native.int4_gemm() is not None:                                   # ours takes any row count
+        assert type(fast_copy(torch.randn(33, 64), "int4")) is NativeInt4Weight
+    monkeypatch.setattr(NativeInt4Weight, "fits", classmethod(lambda cls, weight: False))   # torch's alone
+    assert fast_copy(torch.randn(33, 64), "int4") is None                # out not a multiple of 16
+    assert type(fast_copy(torch.randn(32, 64), "int4")) is Int4Weight
 
 
-@needs["int4"]
-def test_stacked_int4_copies_multiply_like_their_parts_side_by_side():
+def test_native_kernels_can_be_turned_off(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("from zenedge.kernels import native; from zenedge.runtime import cpu_weights; import torch;"
+            "print(native.int4_gemm(), type(cpu_weights.fast_copy(torch.randn(64, 64), 'int4')).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "ZENEDGE_NATIVE_KERNELS": "0"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "None" and out[1] in ("Int4Weight", "NoneType")
+
+
+@pytest.mark.parametrize("kind", [pytest.param(Int4Weight, marks=needs["int4"]), pytest.param(NativeInt4Weight, marks=needs["native"])])
+def test_stacked_int4_copies_multiply_like_their_parts_side_by_side(kind):
     torch.manual_seed(0)
-    parts = [Int4Weight(torch.randn(rows, 96) * 0.05) for rows in (128, 64, 64)]
-    x = torch.randn(3, 96)
+    parts = [kind(torch.randn(rows, 128) * 0.05) for rows in (128, 64, 64)]
+    x = torch.randn(3, 128)
     apart = torch.cat([p.linear(x, None) for p in parts], dim=-1)
     stacked = cpu_weights.stacked(parts)
     assert torch.equal(stacked.linear(x, None), apart)
-    assert stacked.nbytes == sum(p.nbytes for p in parts)
+    assert stacked.nbytes >= sum(p.nbytes for p in parts)
     # The parts now read their rows of the stacked codes (no second copy) and still multiply alike.
-    assert parts[1].packed.data_ptr() == stacked.packed[128:].data_ptr()
+    codes = "packed" if kind is Int4Weight else "codes"
+    assert getattr(parts[1], codes).data_ptr() == getattr(stacked, codes)[128:].data_ptr()
     assert torch.equal(torch.cat([p.linear(x, None) for p in parts], dim=-1), apart)
-    assert cpu_weights.stacked([Int4Weight(torch.randn(48, 96)), Int4Weight(torch.randn(64, 96))]) is None  # part of a 64-row block
-    assert cpu_weights.stacked([Int8Weight(torch.randn(64, 96))] * 2) is None                              # int4 only
+    assert cpu_weights.stacked(parts) is stacked                                                         # made once
+    assert cpu_weights.stacked([Int8Weight(torch.randn(64, 128))] * 2) is None                           # int4 only
+    if kind is Int4Weight:
+        assert cpu_weights.stacked([kind(torch.randn(48, 128)), kind(torch.randn(64, 128))]) is None    # part of a 64-row block
+    else:
+        odd = [kind(torch.randn(rows, 128)) for rows in (48, 17)]                                          # any rows
+        assert torch.equal(torch.cat([p.linear(x, None) for p in odd], -1), cpu_weights.stacked(odd).linear(x, None))
 
 
 @needs["int4"]
@@ -71,7 +120,7 @@ def test_an_int4_resident_is_close_to_fp32_and_adds_lora_rows_exactly(tiny_base_
     full = load_resident("tiny", tiny_base_dir, CPU, torch.float32)
     int4 = load_resident("tiny", tiny_base_dir, CPU, torch.float32, weights="int4")
     linears = [m for m in int4.model.modules() if isinstance(m, VariantLinear)]
-    assert linears and all(isinstance(m.fast, Int4Weight) for m in linears)
+    assert linears and all(isinstance(m.fast, INT4) for m in linears)
     assert isinstance(int4.model.lm_head, cpu_weights.FastLinear)
     if cpu_weights.onednn_bf16_available():      # the head stays bf16: its rounding lands in the logits
         assert isinstance(int4.model.lm_head.fast, cpu_weights.OneDnnBF16)
@@ -103,7 +152,7 @@ def test_an_int4_resident_is_close_to_fp32_and_adds_lora_rows_exactly(tiny_base_
 
 
 @pytest.mark.parametrize("dtype, weights, kind, tolerance", [
-    pytest.param(torch.float32, "int4", Int4Weight, 0.1, marks=needs["int4"]),
+    pytest.param(torch.float32, "int4", INT4, 0.1, marks=needs["int4"]),
     pytest.param(torch.bfloat16, "full", OneDnnBF16, 0.03,
                  marks=pytest.mark.skipif(not cpu_weights.onednn_bf16_available(), reason="no oneDNN bf16")),
 ])
@@ -181,8 +230,9 @@ def test_a_prefill_runs_the_plain_weights_and_decode_the_int4_copies(tiny_base_d
 
     resident = load_resident("tiny", tiny_base_dir, CPU, torch.float32, weights="int4")
     rows_seen = []
-    original = Int4Weight._matmul
-    monkeypatch.setattr(Int4Weight, "_matmul", lambda self, flat: rows_seen.append(flat.shape[0]) or original(self, flat))
+    kind = type(resident.model.model.layers[0].mlp.down_proj.fast)
+    original = kind._matmul
+    monkeypatch.setattr(kind, "_matmul", lambda self, flat: rows_seen.append(flat.shape[0]) or original(self, flat))
 
     def run(*prompt_lengths):
         rows_seen.clear()

@@ -9,6 +9,7 @@ import torch
 from tests.conftest import tiny_tokenizer
 from zenedge.bitdelta.packing import pack_signs
 from zenedge.merge.factors import LoraFactors
+from zenedge.kernels import native
 from zenedge.runtime import cpu_weights, decode, lean_llama
 from zenedge.runtime.dense_bitdelta import densify, undensify
 from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
@@ -165,12 +166,23 @@ def assert_refused_but_served(resident):
         assert logits.shape == (1, SMALL["vocab_size"]) and torch.isfinite(logits).all()
 
 
+@pytest.fixture(params=["native", "torch"])
+def int4_kernel(request, monkeypatch):
+    """Which int4 kernel the copies use: zenedge's C kernel (where it builds) or torch's."""
+    if request.param == "native" and native.int4_gemm() is None:
+        pytest.skip("no native int4 kernel on this machine")
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_weights.NativeInt4Weight, "fits", classmethod(lambda cls, weight: False))
+    return request.param
+
+
 @pytest.mark.skipif(not cpu_weights.quantized_kernels_available("int4"), reason="no int4 CPU kernel")
 @pytest.mark.parametrize("rows, bias", [("base", False), ("lora", False), ("bitdelta", False), ("hot-bitdelta", False),
-                                        ("mixed", False), ("base", True), ("lora", True)])
-def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, monkeypatch):
+                                        ("mixed", False), ("base", True), ("lora", True), ("hot-bitdelta", True)])
+def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, int4_kernel, monkeypatch):
     """On int4 copies a decode step calls the kernels directly, q/k/v and gate/up as one stacked
-    product each (biases stacked too), LoRA products added on the slices: bit for bit what the
+    product each (a hot BitDelta's dense copies too; biases stacked too), LoRA products added on
+    the slices, o and down added to the residual in the kernel's dtype: bit for bit what the
     modules compute."""
     resident = tiny_resident(hidden_size=128, intermediate_size=128, num_key_value_heads=2,   # k/v: 64 rows
                              attention_bias=bias, mlp_bias=bias)
@@ -186,10 +198,12 @@ def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, monkey
     prompts = [[5, 9, 17, 33], [40, 41, 42, 43]]
     bound = step_logits(resident, variants, prompts, lean=True)
     attention = resident.model.model.layers[0].self_attn
-    stacked = getattr(attention.q_proj, lean_llama._STACKED_ATTR, (None, None))[1]
-    assert (stacked is not None) == (rows in ("base", "lora"))        # BitDelta and mixed rows: one by one
+    first = attention.q_proj.step_delta(RowVariants.build(variants, CPU))
+    first = first.dense if isinstance(first, BitDeltaModule) else attention.q_proj.fast
+    stacked = getattr(first, "_stacked", (None, None))[1]
+    assert (stacked is not None) == (rows in ("base", "lora", "hot-bitdelta"))   # cold and mixed: one by one
     with monkeypatch.context() as m:                                  # every linear called as a module
-        m.setattr(lean_llama, "_bound", lambda linear, batch: linear)
+        m.setattr(lean_llama, "_bound", lambda linear, batch, cast=True: linear)
         m.setattr(lean_llama, "_products", lambda linears, batch: lean_llama._each(*linears))
         modules = step_logits(resident, variants, prompts, lean=True)
     assert torch.equal(bound, modules)
@@ -197,7 +211,7 @@ def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, monkey
 
 
 @pytest.mark.skipif(not cpu_weights.quantized_kernels_available("int4"), reason="no int4 CPU kernel")
-def test_a_bound_bitdelta_linear_follows_its_dense_copy_mid_request():
+def test_a_bound_bitdelta_linear_follows_its_dense_copy_mid_request(int4_kernel):
     """The delta cache may densify a variant, or drop its dense copy, while a request decodes: the
     bound step reads the module's state per call, as the module does."""
     resident = tiny_resident(hidden_size=128, intermediate_size=128, num_key_value_heads=2)
@@ -215,3 +229,20 @@ def test_a_bound_bitdelta_linear_follows_its_dense_copy_mid_request():
         assert torch.equal(hot, linear(x)) and not torch.equal(hot, cold)
         undensify(variant)
         assert torch.equal(step(x), cold)
+    # q/k/v bound while hot read one stacked copy of the dense weights; it serves only while the
+    # variant still holds those copies.
+    attention = resident.model.model.layers[0].self_attn
+    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+    densify(variant, resident.model)
+    qkv = lean_llama._products(projections, batch)
+    x = torch.randn(1, attention.q_proj.base.in_features)
+    with torch.inference_mode(), resident.state.applied(batch):
+        def modules():
+            return torch.cat([linear(x) for linear in projections], -1)
+        hot = qkv(x)
+        assert torch.equal(hot, modules())
+        assert getattr(variant.modules[attention.q_proj.name].dense, "_stacked", None) is not None
+        undensify(variant)
+        assert torch.equal(qkv(x), modules()) and not torch.equal(qkv(x), hot)
+        densify(variant, resident.model)                               # new dense copies, not the stacked ones
+        assert torch.equal(qkv(x), hot)

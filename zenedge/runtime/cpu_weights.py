@@ -11,9 +11,15 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
   (`aten._weight_int4pack_mm_for_cpu`, the CPU twin of gpt-fast's tinygemm path). A quarter of
   the bf16 bytes (plus 1/8 for scales): one step's matmuls 35.2 → 14.3 ms against fp32 (bf16 head
   included), answer loss within 0.023 nats of fp32 on the profiles' eval sets (BENCHMARKS.md).
+- `NativeInt4Weight`: the same int4 weights (same bytes, same dequantized values) multiplied by
+  zenedge's own C kernel (kernels/int4_gemv.c, built on first use where the CPU has AVX-512 BF16
+  and a C compiler is found): it keeps up with memory where torch's kernel does not (30 layers'
+  worth of weights streamed: 6.7-7.0 ms against 8.9-9.6), and takes and returns fp32. The int4
+  format's default wherever it builds; `Int4Weight` everywhere else.
 
-The quantized kernels want bf16 activations (their fp32 paths are 10-30× slower), so `linear`
-casts x to bf16 and the result back: two tiny copies per matmul, whatever the model's dtype.
+torch's quantized kernels want bf16 activations (their fp32 paths are 10-30× slower), so `linear`
+casts x to bf16 and the result back: two tiny copies per matmul, whatever the model's dtype (the
+C kernel rounds x to bf16 itself and sums in fp32).
 The plain weight stays the model's parameter (state_dict, BitDelta reconstruction and export
 read it; prefill and the quality gate multiply with it); the fast copy is extra memory (int4
 copies + bf16 head: +23 % of an fp32 SmolLM2-135M, 123 MB beside 540).
@@ -28,9 +34,13 @@ three or two, bit for bit the same products.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from zenedge.kernels import native
 
 class CpuWeight:
     """A matmul-only copy of an [out, in] weight: `linear(x, bias)` == F.linear(x, W, bias) up to
@@ -51,13 +61,20 @@ class CpuWeight:
     def _matmul(self, flat: torch.Tensor) -> torch.Tensor:  # [N, in] → [N, out], in flat's dtype
         raise NotImplementedError
 
-    def matmul_fn(self, bias: torch.Tensor | None):
+    def _product(self, flat: torch.Tensor) -> torch.Tensor:
+        """`_matmul` without casting the kernel's output (bf16 for the quantized kernels) back."""
+        return self._matmul(flat)
+
+    def matmul_fn(self, bias: torch.Tensor | None, *, cast: bool = True):
         """`x [N, in] → linear(x, bias)` for 2-D x with as little Python as possible between the
         caller and the kernel: the lean decode step makes 211 of these calls per token, and the
-        wrappers around a 22 µs int4 product cost ~8 µs more."""
+        wrappers around a 22 µs int4 product cost ~8 µs more. `cast=False`: the result may stay
+        in the kernel's dtype, for a caller that only adds it to an fp32 tensor (type promotion
+        widens it exactly as the cast would: the same sum, one op fewer)."""
+        product = self._matmul if cast else self._product
         if bias is not None:
-            return lambda x: self._matmul(x) + bias
-        return self._matmul
+            return lambda x: product(x) + bias
+        return product
 
 
 class OneDnnBF16(CpuWeight):
@@ -76,8 +93,10 @@ class OneDnnBF16(CpuWeight):
 
     def _matmul(self, flat):
         # The casts are no-ops for a bf16 model; an fp32 model's head goes through bf16 and back.
-        return torch.ops.mkldnn._linear_pointwise(flat.to(torch.bfloat16), self.packed, None,
-                                                  "none", [], "").to(flat.dtype)
+        return self._product(flat).to(flat.dtype)
+
+    def _product(self, flat):
+        return torch.ops.mkldnn._linear_pointwise(flat.to(torch.bfloat16), self.packed, None, "none", [], "")
 
 
 class Int8Weight(CpuWeight):
@@ -97,7 +116,10 @@ class Int8Weight(CpuWeight):
         return True
 
     def _matmul(self, flat):
-        return torch._weight_int8pack_mm(flat.to(torch.bfloat16), self.q, self.scale).to(flat.dtype)
+        return self._product(flat).to(flat.dtype)
+
+    def _product(self, flat):
+        return torch._weight_int8pack_mm(flat.to(torch.bfloat16), self.q, self.scale)
 
     def dequantized(self) -> torch.Tensor:
         return self.q.float() * self.scale.float()[:, None]
@@ -111,14 +133,9 @@ class Int4Weight(CpuWeight):
     lossy = True
 
     def __init__(self, weight: torch.Tensor):
-        out, inp = weight.shape
-        groups = weight.detach().float().view(out, inp // self.GROUP, self.GROUP)
-        low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
-        scale = ((high - low) / 15).clamp(min=1e-8)
-        q = ((groups - low) / scale).round_().clamp_(0, 15).to(torch.int32).view(out, inp)
-        zero = low + 8 * scale
+        q, scale, zero = _int4_quantized(weight, self.GROUP)
         # [in/GROUP, out, 2]: what the kernel reads, bf16 like the activations it is given.
-        self.scale_zero = torch.cat([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.scale_zero = torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
         self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 2)
         self.nbytes = self.packed.numel() * self.packed.element_size() + self.scale_zero.numel() * 2
 
@@ -128,8 +145,10 @@ class Int4Weight(CpuWeight):
         return out % 16 == 0 and inp % cls.GROUP == 0    # the packing kernel's tiles
 
     def _matmul(self, flat):
-        y = torch._weight_int4pack_mm_for_cpu(flat.to(torch.bfloat16), self.packed, self.GROUP, self.scale_zero)
-        return y.to(flat.dtype)
+        return self._product(flat).to(flat.dtype)
+
+    def _product(self, flat):
+        return torch._weight_int4pack_mm_for_cpu(flat.to(torch.bfloat16), self.packed, self.GROUP, self.scale_zero)
 
     @classmethod
     def stacked(cls, parts: list["Int4Weight"]) -> "Int4Weight | None":
@@ -157,6 +176,76 @@ class Int4Weight(CpuWeight):
         return self._matmul(eye).float().t().contiguous()
 
 
+class NativeInt4Weight(CpuWeight):
+    """The same int4 weights as Int4Weight (same codes, scales and zeros: the same dequantized
+    W, the same bytes), multiplied by zenedge's C kernel (kernels/int4_gemv.c), fp32 in and out:
+    no casts around the call. Used where the kernel builds and the inputs are whole 64-wide
+    blocks. Rows are independent: stacked copies share the parts' memory entirely."""
+
+    GROUP = 32
+    lossy = True
+
+    def __init__(self, weight: torch.Tensor):
+        q, scale, zero = _int4_quantized(weight, self.GROUP)
+        out, inp = q.shape
+        # codes [out, in/2]: per 64 inputs, byte j = q[j] | q[32 + j] << 4 (the kernel's layout)
+        halves = q.to(torch.uint8).view(out, inp // 64, 2, 32)
+        self.codes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).view(out, inp // 2)
+        self.scale, self.zero = scale, zero                          # bf16 [out, in/GROUP]
+        self._set_size()
+
+    def _set_size(self):
+        self.rows, self.inputs = self.codes.shape[0], self.codes.shape[1] * 2
+        self.nbytes = self.codes.numel() + (self.scale.numel() + self.zero.numel()) * 2
+        # What every call passes: looked up once (the tensors live as long as this object).
+        self._kernel = native.int4_gemm()
+        self._weights = (self.codes.data_ptr(), self.scale.data_ptr(), self.zero.data_ptr())
+
+    @classmethod
+    def fits(cls, weight: torch.Tensor) -> bool:
+        return weight.shape[1] % 64 == 0 and weight.shape[1] <= native.MAX_INPUTS and native.int4_gemm() is not None
+
+    def _matmul(self, flat):
+        if flat.shape[-1] != self.inputs:   # the kernel trusts its shapes: check them here
+            raise ValueError(f"input has {flat.shape[-1]} features, the weight {self.inputs}")
+        x = flat.float().contiguous()
+        y = torch.empty((x.shape[0], self.rows))
+        if self._kernel(x.data_ptr(), *self._weights, y.data_ptr(), x.shape[0], self.rows, self.inputs):
+            raise MemoryError("the int4 kernel could not allocate its scratch")   # (shapes are checked)
+        return y if flat.dtype == torch.float32 else y.to(flat.dtype)
+
+    @classmethod
+    def stacked(cls, parts: list["NativeInt4Weight"]) -> "NativeInt4Weight | None":
+        """One copy for the parts stacked on the output axis; the parts become views of it."""
+        if len(parts) < 2 or len({p.inputs for p in parts}) != 1:
+            return None
+        stacked = cls.__new__(cls)
+        stacked.codes, stacked.scale, stacked.zero = (torch.cat([getattr(p, name) for p in parts])
+                                                      for name in ("codes", "scale", "zero"))
+        stacked._set_size()
+        start = 0
+        for p in parts:
+            p.codes, p.scale, p.zero = (getattr(stacked, name)[start:start + p.rows] for name in ("codes", "scale", "zero"))
+            p._set_size()
+            start += p.rows
+        return stacked
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, in fp32 (for tests and quality checks)."""
+        return self._matmul(torch.eye(self.inputs)).t().contiguous()
+
+
+def _int4_quantized(weight: torch.Tensor, group: int):
+    """Asymmetric int4 codes of `weight` [out, in] in groups of `group` inputs: (q int32 [out, in]
+    in 0..15, scale, zero) with scale and zero [out, in/group] in bf16, W ≈ (q - 8)·scale + zero."""
+    out, inp = weight.shape
+    groups = weight.detach().float().view(out, inp // group, group)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-8)
+    q = ((groups - low[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.int32).view(out, inp)
+    return q, scale.to(torch.bfloat16), (low + 8 * scale).to(torch.bfloat16)
+
+
 _FORMATS = {"bf16": OneDnnBF16, "int8": Int8Weight, "int4": Int4Weight}
 # The output head's format for each model format (see OneDnnBF16).
 _HEAD_FORMATS = {"int8": "bf16", "int4": "bf16"}
@@ -182,6 +271,8 @@ def _format_class(weight: torch.Tensor, fmt: str) -> type[CpuWeight] | None:
         return None
     if fmt == "full":     # the dtype's own weights: only bf16 gains from a packed layout
         return OneDnnBF16 if weight.dtype == torch.bfloat16 and OneDnnBF16.fits(weight) else None
+    if fmt == "int4" and NativeInt4Weight.fits(weight):
+        return NativeInt4Weight
     cls = _FORMATS[fmt]
     return cls if cls.fits(weight) else None
 
@@ -223,13 +314,22 @@ class FastLinear(nn.Module):
         return self.fast.linear(x, self.base.bias)
 
 
-def stacked(parts: list[CpuWeight]) -> CpuWeight | None:
+_stacking = threading.Lock()
+
+
+def stacked(parts: list) -> CpuWeight | None:
     """A copy for the parts' weights stacked on the output axis (q/k/v, gate/up read one input:
     one kernel call instead of three or two), equal bit for bit to the parts' products side by
-    side; None where the format or the shapes do not allow it."""
-    if parts and all(type(p) is Int4Weight for p in parts):
-        return Int4Weight.stacked(parts)
-    return None
+    side; None where the format or the shapes do not allow it. Made once and kept on the first
+    part, so it lives as long as the parts do (a BitDelta's dense copies are dropped with it)."""
+    if not parts or type(parts[0]) not in (Int4Weight, NativeInt4Weight) or any(type(p) is not type(parts[0]) for p in parts):
+        return None
+    with _stacking:
+        made = getattr(parts[0], "_stacked", None)
+        if made is None or made[0] != tuple(parts[1:]):     # (the others, not the first: no cycle)
+            made = (tuple(parts[1:]), type(parts[0]).stacked(parts))
+            parts[0]._stacked = made
+    return made[1]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | CpuWeight, bias: torch.Tensor | None) -> torch.Tensor:

@@ -96,20 +96,22 @@ class VariantLinear(nn.Module):
             return batch.uniform.modules.get(self.name)
         return self if any(self.name in variant.modules for variant, _ in batch.groups) else None
 
-    def base_fn(self):
-        """The base product for a decode step (2-D x, not plain): the fast copy's kernel itself."""
+    def base_fn(self, *, cast: bool = True):
+        """The base product for a decode step (2-D x, not plain): the fast copy's kernel itself
+        (`cast`: see CpuWeight.matmul_fn)."""
         if self.fast is None:
             return partial(F.linear, weight=self.base.weight, bias=self.base.bias)
-        return self.fast.matmul_fn(self.base.bias)
+        return self.fast.matmul_fn(self.base.bias, cast=cast)
 
-    def bound(self, batch: RowVariants | None):
+    def bound(self, batch: RowVariants | None, *, cast: bool = True):
         """What a decode step of `batch` (2-D x, not plain) may call instead of this module, with
         the same result and ~8 µs less Python: the base kernel where no variant touches this
         linear, plus the LoRA product or through the hot BitDelta's dense copy where one variant
-        does; the module for mixed rows."""
+        does; the module for mixed rows. `cast=False`: the result may stay in the kernel's dtype
+        where the caller only adds it to an fp32 tensor (CpuWeight.matmul_fn)."""
         delta = self.step_delta(batch)
         if delta is None:
-            return self.base_fn()
+            return self.base_fn(cast=cast)
         if isinstance(delta, LoraFactors):
             base, (a_t, b_t), scale = self.base_fn(), delta.transposed, delta.scale
             return lambda x: base(x).addmm_(x @ a_t, b_t, alpha=scale)
@@ -120,7 +122,9 @@ class VariantLinear(nn.Module):
                 # delta.dense is read per call: the cache may densify or drop it mid-request. Its
                 # kernel called directly, not through _bitdelta: 0.88× → 0.95-1.0× of the base.
                 dense = delta.dense
-                return dense.matmul_fn(bias)(x) if isinstance(dense, CpuWeight) else self._bitdelta(x, delta)
+                if isinstance(dense, CpuWeight):
+                    return dense.matmul_fn(bias, cast=cast)(x)
+                return self._bitdelta(x, delta)
             return bitdelta
         return self
 

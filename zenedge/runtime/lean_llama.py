@@ -21,7 +21,6 @@ To force the transformers path on a model (tests, benchmarks): `set_enabled(mode
 from __future__ import annotations
 
 import importlib
-import threading
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +28,8 @@ from torch import nn
 
 from zenedge.merge.factors import LoraFactors
 from zenedge.runtime import cpu_weights
+from zenedge.runtime.layers import VariantLinear
+from zenedge.runtime.variants import BitDeltaModule
 
 # model_type → (transformers module, class-name prefix). Mistral and Qwen2 are Llama's math exactly
 # once no layer slides its window (their only difference; the rule below refuses sliding): same
@@ -134,9 +135,12 @@ class LeanLlama:
         # A decode step's linears, bound once for the request: where no row's variant touches a
         # linear, its kernel is called directly (VariantLinear.bound), skipping ~8 µs of module
         # and wrapper calls each, 211 times per token; q/k/v and gate/up then run as one product
-        # each where their copies stack (_products).
-        self.step_layers = [(i, norm1, _products((q, k, v), batch), _bound(o, batch), heads, kv_heads, dim, scaling,
-                             norm2, _products((gate, up), batch), _bound(down, batch), act)
+        # each where their copies stack (_products). o and down only feed residual adds: their
+        # kernels' bf16 outputs are added as they are (cast=False, the same sums).
+        self.step_layers = [(i, norm1, _products((q, k, v), batch), _bound(o, batch, cast=False),
+                             heads, kv_heads, dim, scaling, ((heads + kv_heads) * dim, kv_heads * dim),
+                             norm2, _products((gate, up), batch), _bound(down, batch, cast=False), act,
+                             (gate.weight.shape[0], up.weight.shape[0]))
                             for i, norm1, q, k, v, o, heads, kv_heads, dim, scaling, norm2, gate, up, down, act
                             in self.layers]
         self.step_head = _bound(self.head, batch)
@@ -158,14 +162,22 @@ class LeanLlama:
         batch = x.shape[0]
         # rope as one [H, D]·[D, D] product per row: R = diag(cos) + (rotate_half as a signed
         # permutation)·sin. Each output sums the same two products as transformers' (the rest are
-        # exact zeros), in one op for q and one for k instead of six.
+        # exact zeros), in one op for q and k together (adjacent in the q/k/v product) instead of six.
         rotation = torch.diag_embed(cos) + self.signs * sin[:, None, :]     # [B, D, D]
-        for i, norm1, qkv_proj, o_proj, heads, kv_heads, dim, scaling, norm2, gate_up, down, act in self.step_layers:
-            h = norm1(x)
-            q, k, v = qkv_proj(h)
-            q = torch.bmm(q.view(batch, heads, dim), rotation)             # [B, H, D]
-            k = torch.bmm(k.view(batch, kv_heads, dim), rotation)
-            keys, values = cache.update(k.view(batch, kv_heads, 1, dim), v.view(batch, kv_heads, 1, dim), i)
+        # Views of every layer's K/V slot and history, made in a few ops for all layers at once
+        # (None: a cache that only offers update(), e.g. fixed shapes for CUDA graphs).
+        slots = cache.decode_slots() if hasattr(cache, "decode_slots") else None
+        for i, norm1, qkv_proj, o_proj, heads, kv_heads, dim, scaling, qk_v, norm2, gate_up, down, act, g_u \
+                in self.step_layers:
+            qk, v = qkv_proj(norm1(x)).split_with_sizes(qk_v, -1)          # [B, (H + H_kv)·D], [B, H_kv·D]
+            q, k = torch.bmm(qk.view(batch, heads + kv_heads, dim), rotation).split_with_sizes((heads, kv_heads), 1)
+            v = v.view(batch, kv_heads, dim)
+            if slots is None:
+                keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2), i)
+            else:
+                key_slot, value_slot, keys, values = slots[i]
+                key_slot.copy_(k)
+                value_slot.copy_(v)
             if mask.shape[-1] != keys.shape[-2]:
                 mask = mask[..., :keys.shape[-2]]
             # One query per row: [B, H, D] is [B, H_kv, H/H_kv, D] in memory (query head h reads KV
@@ -174,7 +186,7 @@ class LeanLlama:
             out = F.scaled_dot_product_attention(q.view(batch, kv_heads, heads // kv_heads, dim), keys, values,
                                                  attn_mask=mask, scale=scaling)
             x = x + o_proj(out.view(batch, heads * dim))
-            g, u = gate_up(norm2(x))
+            g, u = gate_up(norm2(x)).split_with_sizes(g_u, -1)
             x = x + down(act(g) * u)
         return x
 
@@ -202,53 +214,58 @@ class LeanLlama:
         return x
 
 
-def _bound(linear, batch):
+def _bound(linear, batch, *, cast: bool = True):
     """`linear` as a decode step of `batch` may call it (VariantLinear.bound, FastLinear.bound),
     or the module itself (a plain nn.Linear, a wrapper we do not know)."""
+    if isinstance(linear, VariantLinear):
+        return linear.bound(batch, cast=cast)
     bound = getattr(linear, "bound", None)
     return bound(batch) if bound is not None else linear
 
 
 def _each(*linears):
-    """Several linears on one input, their outputs as a list."""
-    return lambda h: [linear(h) for linear in linears]
-
-
-_STACKED_ATTR = "_zenedge_stacked"
-_stacking = threading.Lock()
+    """Several linears on one input, their outputs side by side."""
+    return lambda h: torch.cat([linear(h) for linear in linears], -1)
 
 
 def _products(linears, batch):
-    """`_each` of the linears' bound steps for `batch`; where each linear adds at most a LoRA
-    product and their fast copies stack (cpu_weights.stacked: bit for bit the same products), one
-    kernel call plus the LoRA products on its slices instead. The stacked copy is made once and
-    kept on the first linear."""
-    deltas = [linear.step_delta(batch) if hasattr(linear, "step_delta") else linear for linear in linears]
-    fast = tuple(getattr(linear, "fast", None) for linear in linears)
+    """h → the linears' outputs side by side, for a decode step of `batch`: one kernel call on
+    their stacked copies (cpu_weights.stacked: bit for bit the same products) where each linear
+    adds at most a LoRA product (on its slice) or reads a hot BitDelta's dense copy; else `_each`
+    of their bound steps."""
+    each = _each(*(_bound(linear, batch) for linear in linears))
+    deltas = [linear.step_delta(batch) if isinstance(linear, VariantLinear) else linear for linear in linears]
+    if not all(d is None or isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas):
+        return each                                         # mixed rows, unknown modules
+    parts = [d.dense if isinstance(d, BitDeltaModule) else getattr(linear, "fast", None) for d, linear in zip(deltas, linears)]
     biases = [getattr(linear, "base", linear).bias for linear in linears]   # a VariantLinear's is its base's
-    stacked = None
-    if all(d is None or isinstance(d, LoraFactors) for d in deltas) and None not in fast \
-            and len({bias is None for bias in biases}) == 1:
-        with _stacking:
-            made = getattr(linears[0], _STACKED_ATTR, None)
-            if made is None or made[0] != fast:
-                made = (fast, cpu_weights.stacked(list(fast)),
-                        None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
-                setattr(linears[0], _STACKED_ATTR, made)
-        stacked, bias = made[1], made[2]
+    stacked = cpu_weights.stacked(parts) if len({bias is None for bias in biases}) == 1 else None
     if stacked is None:
-        return _each(*(_bound(linear, batch) for linear in linears))
-    product, sizes = stacked.matmul_fn(bias), [linear.base.out_features for linear in linears]
-    loras = [(i, *d.transposed, d.scale) for i, d in enumerate(deltas) if d is not None]
-    if not loras:
-        return lambda h: product(h).split_with_sizes(sizes, -1)
-
-    def with_loras(h):
-        parts = product(h).split_with_sizes(sizes, -1)
-        for i, a_t, b_t, scale in loras:
-            parts[i].addmm_(h @ a_t, b_t, alpha=scale)
-        return parts
-    return with_loras
+        return each
+    product = stacked.matmul_fn(None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
+    sizes = [linear.weight.shape[0] for linear in linears]
+    loras = [(i, *d.transposed, d.scale) for i, d in enumerate(deltas) if isinstance(d, LoraFactors)]
+    hot = [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule)]
+    if loras and hot:                                       # no such variant today; keep it exact
+        return each
+    if loras:
+        def with_loras(h):
+            y = product(h)
+            slices = y.split_with_sizes(sizes, -1)
+            for i, a_t, b_t, scale in loras:
+                slices[i].addmm_(h @ a_t, b_t, alpha=scale)
+            return y
+        return with_loras
+    if hot:
+        def dense(h):
+            # The cache may drop a dense copy (or densify anew) mid-request: the stacked copy
+            # serves only while every part is still the variant's.
+            for delta, part in hot:
+                if delta.dense is not part:
+                    return each(h)
+            return product(h)
+        return dense
+    return product
 
 
 def _rotate_half_signs(dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 transformers' DynamicCache grows every layer's keys and values with torch.cat at every token (a
 copy of the whole history per layer per step), and the 2-D attention mask grows the same way.
-Here every layer owns one buffer [B, H_kv, capacity, D] allocated once and written in place; the
+Here every layer owns a buffer [B, H_kv, capacity, D] (a view of one allocation for all layers,
+so a decode step can view every layer's slot at once: `decode_slots`) written in place; the
 attention mask is an additive [B, 1, 1, capacity] buffer filled once per request (left pads
 masked, every later column visible), so a decode step touches no mask at all.
 
@@ -67,9 +68,12 @@ class StaticKVCache:
             return
         capacity = max(_round_up(length, CAPACITY_STEP), self.capacity * 2 if length > self.capacity else self.capacity)
         batch_capacity = max(batch, self.batch_capacity)
-        shape = (batch_capacity, self.kv_heads, capacity, self.head_dim)
-        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
-        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
+        # One buffer per kind for all layers (decode_slots views every layer's slot at once);
+        # keys[i] / values[i] are its per-layer views.
+        shape = (self.layers, batch_capacity, self.kv_heads, capacity, self.head_dim)
+        all_keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        all_values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        keys, values = list(all_keys.unbind(0)), list(all_values.unbind(0))
         mask = torch.zeros((batch_capacity, 1, 1, capacity), dtype=self.dtype, device=self.device)
         if self.length:   # growing mid-request: keep the history and the padding pattern
             rows, cols = self.batch, self.length
@@ -79,6 +83,7 @@ class StaticKVCache:
             if self.full_views:
                 mask[:rows, :, :, cols:] = torch.finfo(self.dtype).min
         self.keys, self.values, self.mask = keys, values, mask
+        self._all = (all_keys, all_values)
         self.batch_capacity, self.capacity = batch_capacity, capacity
         self.allocations += 1
 
@@ -135,6 +140,18 @@ class StaticKVCache:
         keys[:, :, self.length:end].copy_(key_states)
         values[:, :, self.length:end].copy_(value_states)
         return keys[:, :, :end], values[:, :, :end]
+
+    def decode_slots(self) -> list[tuple[torch.Tensor, ...]] | None:
+        """Views mode, a decode step (one new column): per layer (key slot, value slot) [B, H_kv, D]
+        to write the new column into, and (keys, values) [B, H_kv, length+1, D] to attend over,
+        made in eight ops for all layers (`update` costs eight per layer). None in full mode.
+        The caller advances the length after the step, as with `update`."""
+        if self.full_views:
+            return None
+        keys, values = self._all
+        rows, column = self.batch, self.length
+        return list(zip(keys[:, :rows, :, column].unbind(0), values[:, :rows, :, column].unbind(0),
+                        keys[:, :rows, :, :column + 1].unbind(0), values[:, :rows, :, :column + 1].unbind(0)))
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
