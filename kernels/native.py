@@ -1,11 +1,15 @@
-"""The C kernels for the CPU (int4_gemv.c), compiled on first use with the system's C compiler.
+"""zenedge's C kernels for the CPU, compiled on first use with the system's C compiler.
+
+- `int4_gemv.c`: y = x·Wᵀ for weight-only int4 W (cpu_weights.NativeInt4Weight);
+- `rms_norm.c`: RMSNorm of fp32 rows (the lean forward's norms);
+- `decode_attention.c`: one query per row over the KV cache (the lean decode step's attention).
 
 Nothing here is required: where the CPU lacks AVX-512 BF16, no compiler is found, the build or
-the self-test fails, or ZENEDGE_NATIVE_KERNELS=0, `int4_gemm()` is None and callers keep torch's
-own kernels. The library is built once per machine (about a second) into the user cache
-directory, named by a hash of the source and flags, written to a temporary name and renamed, so
-concurrent first uses never load a half-written file. Then every call is one ctypes call: the GIL
-is released while the kernel runs.
+a self-test fails, or ZENEDGE_NATIVE_KERNELS=0, `library()` is None and callers keep torch's own
+ops. The library is built once per machine (about a second) into the user cache directory,
+named by a hash of the sources and flags, written to a temporary name and renamed, so concurrent
+first uses never load a half-written file. Each call is then one ctypes call (the GIL is
+released while the kernel runs); the callers check shapes, since the kernels trust them.
 """
 
 from __future__ import annotations
@@ -21,23 +25,33 @@ import threading
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from zenedge import paths
 
 log = logging.getLogger("zenedge.kernels")
 
-SOURCE = Path(__file__).with_name("int4_gemv.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("int4_gemv.c", "rms_norm.c", "decode_attention.c"))
 FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")   # as /proc/cpuinfo spells them
+MAX_INPUTS = 32768          # int4_gemv.c's MAX_INPUTS
+MAX_HEAD_DIM = 256          # decode_attention.c's MAX_DIM
+MAX_GROUP = 64              # decode_attention.c's MAX_GROUP
 
-MAX_INPUTS = 32768          # as int4_gemv.c's MAX_INPUTS
 _lock = threading.Lock()
-_loaded: list = []          # [the library's function, or None]: decided once per process
+_loaded: list = []          # [the library, or None]: decided once per process
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {
+    "zenedge_int4_gemm": [_P] * 5 + [_I] * 3,
+    "zenedge_rms_norm": [_P] * 3 + [_I] * 2 + [_F],
+    "zenedge_decode_attention": [_P] * 5 + [_I] * 9 + [_F],
+}
 
 
-def int4_gemm():
-    """`zenedge_int4_gemm(x, codes, scale, zero, y, M, N, K)` (see int4_gemv.c), or None where
-    the native kernel is not available here (the reason is logged once)."""
+def library():
+    """The loaded kernels (ctypes functions by their C names), or None where they are not
+    available here (the reason is logged once)."""
     if not _loaded:
         with _lock:
             if not _loaded:
@@ -45,17 +59,67 @@ def int4_gemm():
     return _loaded[0]
 
 
+def int4_gemm():
+    """`zenedge_int4_gemm(x, codes, scale, zero, y, M, N, K)` (int4_gemv.c), or None."""
+    lib = library()
+    return lib.zenedge_int4_gemm if lib is not None else None
+
+
+def rms_norm_fn(weight: torch.Tensor, eps: float):
+    """x [..., K] fp32 contiguous → RMSNorm(x)·weight through the C kernel, or None where it
+    does not apply (no library, weight not fp32 on the CPU)."""
+    lib = library()
+    if lib is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 1:
+        return None
+    kernel, width, w, eps = lib.zenedge_rms_norm, weight.shape[0], weight.detach().contiguous(), float(eps)
+    pointer = w.data_ptr()
+
+    def rms_norm(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.shape[-1] != width or not x.is_contiguous():
+            return F.rms_norm(x, (width,), w, eps)
+        y = torch.empty_like(x)
+        kernel(x.data_ptr(), pointer, y.data_ptr(), x.numel() // width, width, eps)
+        return y
+    return rms_norm
+
+
+def decode_attention_fn(heads: int, kv_heads: int, dim: int, scale: float, dtype: torch.dtype):
+    """(q [B, H, D] with heads contiguous, keys/values [B, H_kv, L, D] with positions contiguous
+    as the static cache gives them, mask [B, 1, 1, L] additive) → [B, H, D] through the C kernel,
+    or None for tensors laid out otherwise (the caller then uses SDPA). None where the kernel does
+    not apply at all (no library, not fp32, head sizes it does not take)."""
+    lib = library()
+    if lib is None or dtype != torch.float32 or dim % 16 or dim > MAX_HEAD_DIM or heads % kv_heads \
+            or heads // kv_heads > MAX_GROUP:
+        return None
+    kernel, scale, rows_tail = lib.zenedge_decode_attention, float(scale), (dim, 1)
+
+    def attend(q, keys, values, mask):
+        batch, length = q.shape[0], keys.shape[2]
+        if q.stride()[1:] != rows_tail or keys.stride()[2:] != rows_tail or values.stride() != keys.stride() \
+                or mask.stride(-1) != 1 or mask.shape[-1] != length or keys.shape[0] != batch:
+            return None
+        out = q.new_empty((batch, heads, dim))
+        if kernel(q.data_ptr(), keys.data_ptr(), values.data_ptr(), mask.data_ptr(), out.data_ptr(), batch, heads,
+                  kv_heads, length, dim, q.stride(0), keys.stride(0), keys.stride(1), mask.stride(0), scale):
+            raise MemoryError("the decode attention kernel could not allocate its scratch")
+        return out
+    return attend
+
+
 def _load():
     reason = _unavailable_reason()
     if reason is None:
         try:
-            function = _build_and_open()
-            if _self_test(function):
-                return function
-            reason = "its self-test disagreed with torch"
+            lib = _build_and_open()
+            failed = [name for name, test in _SELF_TESTS.items() if not test(lib)]
+            if not failed:
+                return lib
+            reason = f"self-test of {', '.join(failed)} disagreed with torch"
         except (OSError, subprocess.SubprocessError) as exc:
-            reason = f"build failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
-    log.info("native int4 CPU kernel off (%s): torch's int4 kernel is used", reason)
+            text = str(exc).strip()
+            reason = f"build failed: {text.splitlines()[-1] if text else repr(exc)}"
+    log.info("native CPU kernels off (%s): torch's kernels are used", reason)
     return None
 
 
@@ -80,42 +144,69 @@ def _compiler() -> str | None:
 
 def _build_and_open():
     compiler = _compiler()
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
-    target = paths.kernel_cache() / f"int4_gemv-{digest}.so"
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES)
+                            + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    target = paths.kernel_cache() / f"cpu-kernels-{digest}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".so")
         os.close(fd)
         try:
-            subprocess.run([compiler, *FLAGS, "-o", partial, str(SOURCE)], check=True, capture_output=True,
-                           text=True, timeout=120)
+            subprocess.run([compiler, *FLAGS, "-o", partial, *map(str, SOURCES), "-lm"], check=True,
+                           capture_output=True, text=True, timeout=120)
             os.replace(partial, target)
         except subprocess.CalledProcessError as exc:
             raise subprocess.SubprocessError(exc.stderr or str(exc)) from None
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-    function = ctypes.CDLL(str(target)).zenedge_int4_gemm
-    function.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3
-    function.restype = ctypes.c_int
-    return function
+    lib = ctypes.CDLL(str(target))
+    for name, argtypes in _SIGNATURES.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, ctypes.c_int
+    return lib
 
 
-def _self_test(function) -> bool:
-    """The kernel against torch on a small random weight (odd row count: the one-row tail too)."""
+# -- self-tests: each kernel against torch on small random inputs, once per process ---------------
+
+def _int4_ok(lib) -> bool:
     g = torch.Generator().manual_seed(0)
-    rows, inputs = 37, 128
+    rows, inputs = 37, 128                          # an odd row count: the one-row tail too
     q = torch.randint(0, 16, (rows, inputs), generator=g, dtype=torch.uint8)
-    scale = torch.rand(rows, inputs // 32, generator=g) * 0.1
-    zero = torch.randn(rows, inputs // 32, generator=g) * 0.1
+    scale = (torch.rand(rows, inputs // 32, generator=g) * 0.1).to(torch.bfloat16)
+    zero = (torch.randn(rows, inputs // 32, generator=g) * 0.1).to(torch.bfloat16)
     x = torch.randn(3, inputs, generator=g)
-    blocks = q.view(rows, inputs // 64, 2, 32)
-    codes = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(rows, inputs // 2).contiguous()
-    scale, zero = scale.to(torch.bfloat16), zero.to(torch.bfloat16)
+    halves = q.view(rows, inputs // 64, 2, 32)
+    codes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, inputs // 2).contiguous()
     y = torch.empty(3, rows)
-    if function(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), y.data_ptr(), 3, rows, inputs):
+    if lib.zenedge_int4_gemm(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), y.data_ptr(),
+                             3, rows, inputs):
         return False
     weight = ((q.float().view(rows, -1, 32) - 8) * scale.float()[..., None] + zero.float()[..., None]).view(rows, inputs)
-    expected = x.bfloat16().float() @ weight.t()
-    return bool(torch.allclose(y, expected, rtol=1e-4, atol=1e-4))
+    return bool(torch.allclose(y, x.bfloat16().float() @ weight.t(), rtol=1e-4, atol=1e-4))
+
+
+def _rms_norm_ok(lib) -> bool:
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 100, generator=g), torch.randn(100, generator=g)   # 100: a masked tail
+    y = torch.empty_like(x)
+    lib.zenedge_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), 3, 100, 1e-5)
+    return bool(torch.allclose(y, F.rms_norm(x, (100,), w, 1e-5), rtol=1e-5, atol=1e-6))
+
+
+def _attention_ok(lib) -> bool:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 32, generator=g)
+    cache = torch.randn(2, 2, 2, 12, 32, generator=g)          # [kind, B, H_kv, capacity, D]
+    keys, values = cache[0, :, :, :9], cache[1, :, :, :9]    # views, as the static cache gives
+    mask = torch.zeros(2, 1, 1, 9)
+    mask[0, ..., :3] = torch.finfo(torch.float32).min
+    out = torch.empty_like(q)
+    if lib.zenedge_decode_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), mask.data_ptr(), out.data_ptr(),
+                                    2, 6, 2, 9, 32, q.stride(0), keys.stride(0), keys.stride(1), mask.stride(0), 0.2):
+        return False
+    want = F.scaled_dot_product_attention(q.view(2, 2, 3, 32), keys, values, attn_mask=mask, scale=0.2)
+    return bool(torch.allclose(out, want.view(2, 6, 32), rtol=1e-4, atol=1e-5))
+
+
+_SELF_TESTS = {"int4_gemv": _int4_ok, "rms_norm": _rms_norm_ok, "decode_attention": _attention_ok}

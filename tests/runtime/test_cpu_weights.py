@@ -80,17 +80,6 @@ def test_shapes_the_int4_kernel_cannot_take_stay_plain(monkeypatch):
     assert type(fast_copy(torch.randn(32, 64), "int4")) is Int4Weight
 
 
-def test_native_kernels_can_be_turned_off(tmp_path):
-    import subprocess
-    import sys
-
-    code = ("from zenedge.kernels import native; from zenedge.runtime import cpu_weights; import torch;"
-            "print(native.int4_gemm(), type(cpu_weights.fast_copy(torch.randn(64, 64), 'int4')).__name__)")
-    out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "ZENEDGE_NATIVE_KERNELS": "0"},
-                         capture_output=True, text=True, check=True).stdout.split()
-    assert out[0] == "None" and out[1] in ("Int4Weight", "NoneType")
-
-
 @pytest.mark.parametrize("kind", [pytest.param(Int4Weight, marks=needs["int4"]), pytest.param(NativeInt4Weight, marks=needs["native"])])
 def test_stacked_int4_copies_multiply_like_their_parts_side_by_side(kind):
     torch.manual_seed(0)

@@ -207,7 +207,10 @@ def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, int4_k
         m.setattr(lean_llama, "_products", lambda linears, batch: lean_llama._each(*linears))
         modules = step_logits(resident, variants, prompts, lean=True)
     assert torch.equal(bound, modules)
-    torch.testing.assert_close(bound, step_logits(resident, variants, prompts, lean=False), atol=0.05, rtol=0.01)
+    # Against transformers' forward over the same int4 copies: torch's kernel rounds its inputs to
+    # bf16, so the lean path's own norm and attention (C kernels, other summation orders) flip a
+    # few roundings; a wrong rope, mask or slice moves logits by far more.
+    torch.testing.assert_close(bound, step_logits(resident, variants, prompts, lean=False), atol=0.1, rtol=0.01)
 
 
 @pytest.mark.skipif(not cpu_weights.quantized_kernels_available("int4"), reason="no int4 CPU kernel")

@@ -21,11 +21,13 @@ To force the transformers path on a model (tests, benchmarks): `set_enabled(mode
 from __future__ import annotations
 
 import importlib
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zenedge.kernels import native
 from zenedge.merge.factors import LoraFactors
 from zenedge.runtime import cpu_weights
 from zenedge.runtime.layers import VariantLinear
@@ -137,8 +139,9 @@ class LeanLlama:
         # and wrapper calls each, 211 times per token; q/k/v and gate/up then run as one product
         # each where their copies stack (_products). o and down only feed residual adds: their
         # kernels' bf16 outputs are added as they are (cast=False, the same sums).
-        self.step_layers = [(i, norm1, _products((q, k, v), batch), _bound(o, batch, cast=False),
-                             heads, kv_heads, dim, scaling, ((heads + kv_heads) * dim, kv_heads * dim),
+        self.step_layers = [(i, norm1, _products((q, k, v), batch), _bound(o, batch, cast=False), heads, kv_heads,
+                             dim, _decode_attention(heads, kv_heads, dim, scaling, self.embed.weight.dtype),
+                             ((heads + kv_heads) * dim, kv_heads * dim),
                              norm2, _products((gate, up), batch), _bound(down, batch, cast=False), act,
                              (gate.weight.shape[0], up.weight.shape[0]))
                             for i, norm1, q, k, v, o, heads, kv_heads, dim, scaling, norm2, gate, up, down, act
@@ -167,7 +170,7 @@ class LeanLlama:
         # Views of every layer's K/V slot and history, made in a few ops for all layers at once
         # (None: a cache that only offers update(), e.g. fixed shapes for CUDA graphs).
         slots = cache.decode_slots() if hasattr(cache, "decode_slots") else None
-        for i, norm1, qkv_proj, o_proj, heads, kv_heads, dim, scaling, qk_v, norm2, gate_up, down, act, g_u \
+        for i, norm1, qkv_proj, o_proj, heads, kv_heads, dim, attend, qk_v, norm2, gate_up, down, act, g_u \
                 in self.step_layers:
             qk, v = qkv_proj(norm1(x)).split_with_sizes(qk_v, -1)          # [B, (H + H_kv)·D], [B, H_kv·D]
             q, k = torch.bmm(qk.view(batch, heads + kv_heads, dim), rotation).split_with_sizes((heads, kv_heads), 1)
@@ -180,12 +183,7 @@ class LeanLlama:
                 value_slot.copy_(v)
             if mask.shape[-1] != keys.shape[-2]:
                 mask = mask[..., :keys.shape[-2]]
-            # One query per row: [B, H, D] is [B, H_kv, H/H_kv, D] in memory (query head h reads KV
-            # head h // groups), so grouped attention needs no repeated keys; the [B, 1, 1, L] mask
-            # broadcasts over the grouped queries.
-            out = F.scaled_dot_product_attention(q.view(batch, kv_heads, heads // kv_heads, dim), keys, values,
-                                                 attn_mask=mask, scale=scaling)
-            x = x + o_proj(out.view(batch, heads * dim))
+            x = x + o_proj(attend(q, keys, values, mask))
             g, u = gate_up(norm2(x)).split_with_sizes(g_u, -1)
             x = x + down(act(g) * u)
         return x
@@ -268,6 +266,26 @@ def _products(linears, batch):
     return product
 
 
+def _decode_attention(heads: int, kv_heads: int, dim: int, scaling: float, dtype: torch.dtype):
+    """One query per row: (q [B, H, D], keys/values [B, H_kv, L, D], mask [B, 1, 1, L]) → [B, H·D],
+    through the C kernel where it takes the tensors (kernels/decode_attention.c), else SDPA."""
+    native_attend = native.decode_attention_fn(heads, kv_heads, dim, scaling, dtype)
+    groups = heads // kv_heads
+
+    def attend(q, keys, values, mask):
+        batch = q.shape[0]
+        if native_attend is not None:
+            out = native_attend(q, keys, values, mask)
+            if out is not None:
+                return out.view(batch, heads * dim)
+        # [B, H, D] is [B, H_kv, H/H_kv, D] in memory (query head h reads KV head h // groups), so
+        # grouped attention needs no repeated keys; the [B, 1, 1, L] mask broadcasts over the groups.
+        out = F.scaled_dot_product_attention(q.view(batch, kv_heads, groups, dim), keys, values,
+                                             attn_mask=mask, scale=scaling)
+        return out.view(batch, heads * dim)
+    return attend
+
+
 def _rotate_half_signs(dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """S [D, D] with x·S == rotate_half(x) == cat(-x[D/2:], x[:D/2])."""
     half = dim // 2
@@ -300,9 +318,13 @@ def _norm(module: nn.Module):
     weight, eps = module.weight, module.variance_epsilon
     shape = weight.shape
     if weight.dtype == torch.float32:
+        # the casts are identities: one fused op, the C kernel's where it builds (torch's CPU
+        # rms_norm is a dozen small ops, ~12 µs at 576 wide; 2 × layers + 1 of them per token)
+        fused = native.rms_norm_fn(weight, eps) or partial(F.rms_norm, normalized_shape=shape, weight=weight, eps=eps)
+
         def fp32_weight(x):
-            if x.dtype == torch.float32:   # the casts are identities: one fused op
-                return F.rms_norm(x, shape, weight, eps)
+            if x.dtype == torch.float32:
+                return fused(x)
             return weight * F.rms_norm(x.float(), shape, None, eps).to(x.dtype)
         return fp32_weight
 
