@@ -6,8 +6,9 @@ output dataclasses. This forward does the same math in the fewest ops we know, o
 modules: the embedding, the rotary embedding (every rope scaling transformers supports stays
 right), the target linears (VariantLinear: per-row variants still apply), the activation, the
 output head (possibly a wrapper). Only the glue between them (RMSNorm, rope, attention, the
-residual adds) is done here, with transformers' numerics up to op order: fp32 logits agree to
-~1e-6 relative; bf16 ones differ by bf16 rounding (the decode step's rope, for one, rounds once
+residual adds) is done here, with transformers' numerics up to op order (fp32 RMSNorm and the
+decode step's attention run in zenedge's C kernels where they build, kernels/native.py, else
+torch's ops): fp32 logits agree to ~1e-6 relative; bf16 ones differ by bf16 rounding (the decode step's rope, for one, rounds once
 where transformers rounds three times) and stay as close to fp32 as transformers' own.
 
 It serves exactly what `decode._Forward` serves: (input_ids [B, T], an additive 4-D mask
