@@ -148,7 +148,7 @@ def _build_and_open():
                             + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     target = paths.kernel_cache() / f"cpu-kernels-{digest}.so"
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".so")
         os.close(fd)
         try:
@@ -160,11 +160,21 @@ def _build_and_open():
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
+    _check_private(target)
     lib = ctypes.CDLL(str(target))
     for name, argtypes in _SIGNATURES.items():
         function = getattr(lib, name)
         function.argtypes, function.restype = argtypes, ctypes.c_int
     return lib
+
+
+def _check_private(library: Path) -> None:
+    """Loading a shared library runs its code: only one that this user owns and nobody else can
+    write, in a directory nobody else can write (a cache directory pointed somewhere shared)."""
+    for path in (library, library.parent):
+        info = path.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise OSError(f"{path} is not private to this user (owner {info.st_uid}, mode {oct(info.st_mode & 0o777)})")
 
 
 # -- self-tests: each kernel against torch on small random inputs, once per process ---------------

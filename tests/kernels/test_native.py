@@ -80,3 +80,15 @@ def test_native_kernels_can_be_turned_off():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ZENEDGE_NATIVE_KERNELS": "0"},
                          capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "None" and out[1] in ("Int4Weight", "NoneType")    # torch's int4 kernel, where it has one
+
+
+def test_a_library_others_can_write_is_not_loaded(tmp_path, monkeypatch):
+    """Loading a library runs its code: one in a directory other users can write is refused."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setattr(native.paths, "kernel_cache", lambda: shared)
+    if native._unavailable_reason() is not None:
+        pytest.skip(native._unavailable_reason())
+    with pytest.raises(OSError, match="not private"):
+        native._build_and_open()
