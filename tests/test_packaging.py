@@ -28,3 +28,15 @@ def test_list_does_not_load_the_heavy_stack():
             "print('LOADED', ' '.join(m for m in ('torch', 'transformers', 'triton', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("LOADED")
+
+
+def test_the_c_kernels_sources_ship_with_the_package():
+    """kernels/native.py compiles its C sources on first use: a wheel without them would fall back
+    to torch's kernels on every machine, silently."""
+    from fnmatch import fnmatch
+
+    from zenedge.kernels import native
+
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["zenedge.kernels"]
+    for source in native.SOURCES:
+        assert source.exists() and any(fnmatch(source.name, pattern) for pattern in patterns), source.name
