@@ -8,8 +8,9 @@
  *
  * q [B, H, D]: element (b, h, d) at b·q_stride + h·D + d; out [B, H, D] contiguous; keys and
  * values: element (b, j, l, d) at b·batch_stride + j·head_stride + l·D + d (views of the static
- * cache's buffers); mask: additive, element (b, l) at b·mask_stride + l. D a multiple of 16, at most 256. Returns 0; -1 when it could not allocate its
- * scratch, -2 for a D it does not take (nothing written then).
+ * cache's buffers); mask: additive, element (b, l) at b·mask_stride + l. D a multiple of 16, at
+ * most 256. Returns 0; -1 when it could not allocate its scratch, -2 for a D it does not take
+ * (nothing written then).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -19,7 +20,7 @@
 #define MAX_DIM 256
 
 /* e^x for 16 lanes, x ≤ 0 (softmax arguments): 2^n · p(r) with x = n·ln2 + r, |r| ≤ ln2/2, p a
-   degree-6 Taylor polynomial (relative error < 2e-7 over that range); below -87 it is 0. */
+   degree-6 Taylor polynomial (truncation ~1.2e-7 relative at |r| = ln2/2); below -87 it is 0. */
 static inline __m512 exp_nonpositive(__m512 x) {
     const __m512 log2e = _mm512_set1_ps(1.44269504f), ln2_hi = _mm512_set1_ps(0.693359375f),
                  ln2_lo = _mm512_set1_ps(-2.12194440e-4f);

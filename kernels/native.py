@@ -83,14 +83,15 @@ def rms_norm_fn(weight: torch.Tensor, eps: float):
     return rms_norm
 
 
-def decode_attention_fn(heads: int, kv_heads: int, dim: int, scale: float, dtype: torch.dtype):
+def decode_attention_fn(heads: int, kv_heads: int, dim: int, scale: float, dtype: torch.dtype,
+                        device: torch.device):
     """(q [B, H, D] with heads contiguous, keys/values [B, H_kv, L, D] with positions contiguous
     as the static cache gives them, mask [B, 1, 1, L] additive) → [B, H, D] through the C kernel,
     or None for tensors laid out otherwise (the caller then uses SDPA). None where the kernel does
-    not apply at all (no library, not fp32, head sizes it does not take)."""
+    not apply at all (no library, not fp32 on the CPU, head sizes it does not take)."""
     lib = library()
-    if lib is None or dtype != torch.float32 or dim % 16 or dim > MAX_HEAD_DIM or heads % kv_heads \
-            or heads // kv_heads > MAX_GROUP:
+    if lib is None or dtype != torch.float32 or torch.device(device).type != "cpu" or dim % 16 \
+            or dim > MAX_HEAD_DIM or heads % kv_heads or heads // kv_heads > MAX_GROUP:
         return None
     kernel, scale, rows_tail = lib.zenedge_decode_attention, float(scale), (dim, 1)
 
@@ -192,7 +193,8 @@ def _int4_ok(lib) -> bool:
     if lib.zenedge_int4_gemm(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), y.data_ptr(),
                              3, rows, inputs):
         return False
-    weight = ((q.float().view(rows, -1, 32) - 8) * scale.float()[..., None] + zero.float()[..., None]).view(rows, inputs)
+    groups = q.float().view(rows, -1, 32) - 8
+    weight = (groups * scale.float()[..., None] + zero.float()[..., None]).view(rows, inputs)
     return bool(torch.allclose(y, x.bfloat16().float() @ weight.t(), rtol=1e-4, atol=1e-4))
 
 

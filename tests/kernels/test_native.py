@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from zenedge.kernels import native
 
+CPU = torch.device("cpu")
 needs_native = pytest.mark.skipif(native.library() is None, reason="no native CPU kernels on this machine")
 
 
@@ -43,7 +44,7 @@ def test_decode_attention_matches_sdpa(batch, heads, kv_heads, length, dim):
     q = qkv[:, :heads]                                                          # strided rows, as the step slices them
     mask = torch.zeros(batch + 1, 1, 1, 64)[:batch, ..., :length]
     mask[0, ..., : length // 2] = torch.finfo(torch.float32).min               # a left-padded row
-    attend = native.decode_attention_fn(heads, kv_heads, dim, dim ** -0.5, torch.float32)
+    attend = native.decode_attention_fn(heads, kv_heads, dim, dim ** -0.5, torch.float32, CPU)
     got = attend(q, keys, values, mask)
     groups = heads // kv_heads
     want = F.scaled_dot_product_attention(q.reshape(batch, kv_heads, groups, dim), keys, values, attn_mask=mask,
@@ -53,10 +54,11 @@ def test_decode_attention_matches_sdpa(batch, heads, kv_heads, length, dim):
 
 @needs_native
 def test_decode_attention_refuses_what_it_does_not_take():
-    assert native.decode_attention_fn(8, 2, 24, 0.1, torch.float32) is None     # D not a multiple of 16
-    assert native.decode_attention_fn(8, 3, 64, 0.1, torch.float32) is None     # heads not grouped evenly
-    assert native.decode_attention_fn(8, 2, 64, 0.1, torch.bfloat16) is None
-    attend = native.decode_attention_fn(4, 2, 16, 0.25, torch.float32)
+    assert native.decode_attention_fn(8, 2, 24, 0.1, torch.float32, CPU) is None     # D not a multiple of 16
+    assert native.decode_attention_fn(8, 3, 64, 0.1, torch.float32, CPU) is None     # heads not grouped evenly
+    assert native.decode_attention_fn(8, 2, 64, 0.1, torch.bfloat16, CPU) is None
+    assert native.decode_attention_fn(8, 2, 64, 0.1, torch.float32, "cuda") is None  # CPU memory only
+    attend = native.decode_attention_fn(4, 2, 16, 0.25, torch.float32, CPU)
     keys, values = cached(1, 2, 5, 16)
     q, mask = torch.randn(1, 4, 16), torch.zeros(1, 1, 1, 5)
     assert attend(q, keys.transpose(2, 3).contiguous().transpose(2, 3), values, mask) is None   # positions not rows

@@ -197,9 +197,12 @@ class NativeInt4Weight(CpuWeight):
     def _set_size(self):
         self.rows, self.inputs = self.codes.shape[0], self.codes.shape[1] * 2
         self.nbytes = self.codes.numel() + (self.scale.numel() + self.zero.numel()) * 2
-        # What every call passes: looked up once (the tensors live as long as this object).
+        # What every call passes, looked up once: the pointers together with their tensors, in
+        # one attribute, so a call that read it holds the memory it points to even if `stacked`
+        # swaps the tensors for views of a stacked copy meanwhile (another thread).
         self._kernel = native.int4_gemm()
-        self._weights = (self.codes.data_ptr(), self.scale.data_ptr(), self.zero.data_ptr())
+        tensors = (self.codes, self.scale, self.zero)
+        self._weights = (tensors, tuple(t.data_ptr() for t in tensors))
 
     @classmethod
     def fits(cls, weight: torch.Tensor) -> bool:
@@ -210,8 +213,9 @@ class NativeInt4Weight(CpuWeight):
             raise ValueError(f"input has {flat.shape[-1]} features, the weight {self.inputs}")
         x = flat.float().contiguous()
         y = torch.empty((x.shape[0], self.rows))
-        if self._kernel(x.data_ptr(), *self._weights, y.data_ptr(), x.shape[0], self.rows, self.inputs):
-            raise MemoryError("the int4 kernel could not allocate its scratch")   # (shapes are checked)
+        held, pointers = self._weights                  # `held` keeps the weights alive for the call
+        if self._kernel(x.data_ptr(), *pointers, y.data_ptr(), x.shape[0], self.rows, self.inputs):
+            raise MemoryError("the int4 kernel could not allocate its scratch")
         return y if flat.dtype == torch.float32 else y.to(flat.dtype)
 
     @classmethod
@@ -225,7 +229,8 @@ class NativeInt4Weight(CpuWeight):
         stacked._set_size()
         start = 0
         for p in parts:
-            p.codes, p.scale, p.zero = (getattr(stacked, name)[start:start + p.rows] for name in ("codes", "scale", "zero"))
+            p.codes, p.scale, p.zero = (getattr(stacked, name)[start:start + p.rows]
+                                        for name in ("codes", "scale", "zero"))
             p._set_size()
             start += p.rows
         return stacked
@@ -322,12 +327,13 @@ def stacked(parts: list) -> CpuWeight | None:
     one kernel call instead of three or two), equal bit for bit to the parts' products side by
     side; None where the format or the shapes do not allow it. Made once and kept on the first
     part, so it lives as long as the parts do (a BitDelta's dense copies are dropped with it)."""
-    if not parts or type(parts[0]) not in (Int4Weight, NativeInt4Weight) or any(type(p) is not type(parts[0]) for p in parts):
+    kind = type(parts[0]) if parts else None
+    if kind not in (Int4Weight, NativeInt4Weight) or any(type(p) is not kind for p in parts):
         return None
     with _stacking:
         made = getattr(parts[0], "_stacked", None)
         if made is None or made[0] != tuple(parts[1:]):     # (the others, not the first: no cycle)
-            made = (tuple(parts[1:]), type(parts[0]).stacked(parts))
+            made = (tuple(parts[1:]), kind.stacked(parts))
             parts[0]._stacked = made
     return made[1]
 

@@ -8,8 +8,9 @@ right), the target linears (VariantLinear: per-row variants still apply), the ac
 output head (possibly a wrapper). Only the glue between them (RMSNorm, rope, attention, the
 residual adds) is done here, with transformers' numerics up to op order (fp32 RMSNorm and the
 decode step's attention run in zenedge's C kernels where they build, kernels/native.py, else
-torch's ops): fp32 logits agree to ~1e-6 relative; bf16 ones differ by bf16 rounding (the decode step's rope, for one, rounds once
-where transformers rounds three times) and stay as close to fp32 as transformers' own.
+torch's ops): fp32 logits agree to ~1e-6 relative; bf16 ones differ by bf16 rounding (the decode
+step's rope, for one, rounds once where transformers rounds three times) and stay as close to
+fp32 as transformers' own.
 
 It serves exactly what `decode._Forward` serves: (input_ids [B, T], an additive 4-D mask
 [B, 1, T, L], position_ids [B, T], a cache with `update(k, v, layer_idx)`) → logits [B, V] of the
@@ -141,7 +142,7 @@ class LeanLlama:
         # each where their copies stack (_products). o and down only feed residual adds: their
         # kernels' bf16 outputs are added as they are (cast=False, the same sums).
         self.step_layers = [(i, norm1, _products((q, k, v), batch), _bound(o, batch, cast=False), heads, kv_heads,
-                             dim, _decode_attention(heads, kv_heads, dim, scaling, self.embed.weight.dtype),
+                             dim, _decode_attention(heads, kv_heads, dim, scaling, self.embed.weight),
                              ((heads + kv_heads) * dim, kv_heads * dim),
                              norm2, _products((gate, up), batch), _bound(down, batch, cast=False), act,
                              (gate.weight.shape[0], up.weight.shape[0]))
@@ -236,7 +237,8 @@ def _products(linears, batch):
     deltas = [linear.step_delta(batch) if isinstance(linear, VariantLinear) else linear for linear in linears]
     if not all(d is None or isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas):
         return each                                         # mixed rows, unknown modules
-    parts = [d.dense if isinstance(d, BitDeltaModule) else getattr(linear, "fast", None) for d, linear in zip(deltas, linears)]
+    parts = [d.dense if isinstance(d, BitDeltaModule) else getattr(linear, "fast", None)
+             for d, linear in zip(deltas, linears)]
     biases = [getattr(linear, "base", linear).bias for linear in linears]   # a VariantLinear's is its base's
     stacked = cpu_weights.stacked(parts) if len({bias is None for bias in biases}) == 1 else None
     if stacked is None:
@@ -267,10 +269,11 @@ def _products(linears, batch):
     return product
 
 
-def _decode_attention(heads: int, kv_heads: int, dim: int, scaling: float, dtype: torch.dtype):
+def _decode_attention(heads: int, kv_heads: int, dim: int, scaling: float, like: torch.Tensor):
     """One query per row: (q [B, H, D], keys/values [B, H_kv, L, D], mask [B, 1, 1, L]) → [B, H·D],
-    through the C kernel where it takes the tensors (kernels/decode_attention.c), else SDPA."""
-    native_attend = native.decode_attention_fn(heads, kv_heads, dim, scaling, dtype)
+    through the C kernel where it takes the tensors (kernels/decode_attention.c: fp32 on the CPU,
+    the dtype and device of `like`), else SDPA."""
+    native_attend = native.decode_attention_fn(heads, kv_heads, dim, scaling, like.dtype, like.device)
     groups = heads // kv_heads
 
     def attend(q, keys, values, mask):

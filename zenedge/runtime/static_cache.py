@@ -47,6 +47,7 @@ class StaticKVCache:
         self.full_views = full_views
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self._all: tuple[torch.Tensor, torch.Tensor] | None = None   # (keys, values) of every layer: reserve()
         self.mask: torch.Tensor | None = None        # [B_cap, 1, 1, capacity] additive, model dtype
         self.batch_capacity = 0
         self.capacity = 0
