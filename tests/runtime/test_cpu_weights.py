@@ -64,6 +64,8 @@ def test_the_native_int4_kernel_multiplies_by_torchs_int4_weights(rows):
     y = odd.linear(x, torch.ones(67))
     assert torch.allclose(y - 1, x.bfloat16().float() @ odd.dequantized().t(), rtol=1e-4, atol=1e-4)
     assert odd.linear(x.bfloat16(), None).dtype == torch.bfloat16
+    batch = torch.randn(7, 192)                                       # one row of x, or tiles of up to 4
+    assert all(torch.equal(odd.linear(batch, None)[i], odd.linear(batch[i:i + 1], None)[0]) for i in range(7))
     with pytest.raises(ValueError, match="features"):                 # the C kernel trusts its shapes: we check
         odd.linear(torch.randn(rows, 128), None)
 
