@@ -63,6 +63,19 @@ static inline __m512 zero_terms(const float *z, const float *sums, int64_t group
     return acc;
 }
 
+/* For the 4-row block at row n: prefetches the scales and zeros two blocks ahead and returns
+   where its codes start (the block's own codes near the end: no pointer past the end). */
+static inline const uint8_t *block_ahead(const uint8_t *c, const uint16_t *scale, const uint16_t *zero, int64_t n,
+                                         int64_t N, int64_t groups) {
+    if (n + 12 > N)
+        return c;
+    for (int64_t b = 0; b < 4 * groups * 2; b += 64) {
+        _mm_prefetch((const char *)(scale + (n + 8) * groups) + b, _MM_HINT_T0);
+        _mm_prefetch((const char *)(zero + (n + 8) * groups) + b, _MM_HINT_T0);
+    }
+    return c + 8 * groups * 16;
+}
+
 /* R rows of W (1 or 4) against MC rows of x (1 to 4), from x row m0: each 64-weight slice is
    unpacked once for the MC rows (a batch of rows costs the unpacking once), and every (W row,
    x row) sum takes the same steps whatever R, MC and its place: the zero terms, then per slice
@@ -139,12 +152,7 @@ static void one_row_of_x(const uint8_t *codes, const uint16_t *scale, const uint
     int64_t n = 0;
     for (; n + 4 <= N; n += 4) {
         const uint8_t *c = codes + n * row_bytes;
-        const uint8_t *ahead = n + 12 <= N ? c + 8 * row_bytes : c;   /* no pointer past the end */
-        if (n + 12 <= N)
-            for (int64_t b = 0; b < 4 * groups * 2; b += 64) {
-                _mm_prefetch((const char *)(scale + (n + 8) * groups) + b, _MM_HINT_T0);
-                _mm_prefetch((const char *)(zero + (n + 8) * groups) + b, _MM_HINT_T0);
-            }
+        const uint8_t *ahead = block_ahead(c, scale, zero, n, N, groups);
         __m512 a0 = row_start(scale + n * groups, zero + n * groups, sums, groups, s[0]);
         __m512 a1 = row_start(scale + (n + 1) * groups, zero + (n + 1) * groups, sums, groups, s[1]);
         __m512 a2 = row_start(scale + (n + 2) * groups, zero + (n + 2) * groups, sums, groups, s[2]);
@@ -218,12 +226,7 @@ int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scal
     int64_t n = 0;
     for (; n + 4 <= N; n += 4) {
         const uint8_t *c = codes + n * row_bytes;
-        const uint8_t *ahead = n + 12 <= N ? c + 8 * row_bytes : c;   /* no pointer past the end */
-        if (n + 12 <= N)
-            for (int64_t b = 0; b < 4 * groups * 2; b += 64) {
-                _mm_prefetch((const char *)(scale + (n + 8) * groups) + b, _MM_HINT_T0);
-                _mm_prefetch((const char *)(zero + (n + 8) * groups) + b, _MM_HINT_T0);
-            }
+        const uint8_t *ahead = block_ahead(c, scale, zero, n, N, groups);
         for (int r = 0; r < 4; r++)
             row_scales(scale + (n + r) * groups, zero + (n + r) * groups, groups, s[r], z[r]);
         TILES(4)
