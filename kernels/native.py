@@ -68,8 +68,10 @@ def int4_gemm():
 def rms_norm_fn(weight: torch.Tensor, eps: float):
     """x [..., K] fp32 contiguous → RMSNorm(x)·weight through the C kernel, or None where it
     does not apply (no library, weight not fp32 on the CPU)."""
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 1:
+        return None                  # (checked first: a CUDA model never builds the CPU kernels)
     lib = library()
-    if lib is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 1:
+    if lib is None:
         return None
     kernel, width, w, eps = lib.zenedge_rms_norm, weight.shape[0], weight.detach().contiguous(), float(eps)
     pointer = w.data_ptr()
@@ -89,16 +91,21 @@ def decode_attention_fn(heads: int, kv_heads: int, dim: int, scale: float, dtype
     as the static cache gives them, mask [B, 1, 1, L] additive) → [B, H, D] through the C kernel,
     or None for tensors laid out otherwise (the caller then uses SDPA). None where the kernel does
     not apply at all (no library, not fp32 on the CPU, head sizes it does not take)."""
+    if dtype != torch.float32 or torch.device(device).type != "cpu" or dim % 16 or dim > MAX_HEAD_DIM \
+            or heads % kv_heads or heads // kv_heads > MAX_GROUP:
+        return None                  # (checked first: a CUDA model never builds the CPU kernels)
     lib = library()
-    if lib is None or dtype != torch.float32 or torch.device(device).type != "cpu" or dim % 16 \
-            or dim > MAX_HEAD_DIM or heads % kv_heads or heads // kv_heads > MAX_GROUP:
+    if lib is None:
         return None
-    kernel, scale, rows_tail = lib.zenedge_decode_attention, float(scale), (dim, 1)
+    kernel, scale, rows_tail, float32 = lib.zenedge_decode_attention, float(scale), (dim, 1), torch.float32
 
     def attend(q, keys, values, mask):
+        # The kernel trusts every size and stride it is given: anything unexpected goes to SDPA.
         batch, length = q.shape[0], keys.shape[2]
-        if q.stride()[1:] != rows_tail or keys.stride()[2:] != rows_tail or values.stride() != keys.stride() \
-                or mask.stride(-1) != 1 or mask.shape[-1] != length or keys.shape[0] != batch:
+        if q.shape[1:] != (heads, dim) or keys.shape != (batch, kv_heads, length, dim) \
+                or values.shape != keys.shape or mask.shape[0] != batch or mask.shape[-1] != length \
+                or q.stride()[1:] != rows_tail or keys.stride()[2:] != rows_tail or values.stride() != keys.stride() \
+                or mask.stride(-1) != 1 or not (q.dtype is keys.dtype is values.dtype is mask.dtype is float32):
             return None
         out = q.new_empty((batch, heads, dim))
         if kernel(q.data_ptr(), keys.data_ptr(), values.data_ptr(), mask.data_ptr(), out.data_ptr(), batch, heads,

@@ -63,6 +63,9 @@ def test_decode_attention_refuses_what_it_does_not_take():
     q, mask = torch.randn(1, 4, 16), torch.zeros(1, 1, 1, 5)
     assert attend(q, keys.transpose(2, 3).contiguous().transpose(2, 3), values, mask) is None   # positions not rows
     assert attend(q, keys, values, torch.zeros(1, 1, 1, 6)) is None                             # mask of another length
+    assert attend(torch.randn(1, 6, 16), keys, values, mask) is None                           # other head counts
+    assert attend(q, *cached(1, 3, 5, 16), mask) is None
+    assert attend(q, keys, values, mask.double()) is None
     assert attend(q, keys, values, mask) is not None
 
 
@@ -94,3 +97,13 @@ def test_a_library_others_can_write_is_not_loaded(tmp_path, monkeypatch):
         pytest.skip(native._unavailable_reason())
     with pytest.raises(OSError, match="not private"):
         native._build_and_open()
+
+
+def test_models_the_kernels_cannot_serve_never_build_them():
+    """A bf16 (or CUDA) model's norms and attention ask, and get None without a build or a self-test."""
+    code = ("import torch; from zenedge.kernels import native;"
+            "assert native.rms_norm_fn(torch.randn(8).bfloat16(), 1e-5) is None;"
+            "assert native.decode_attention_fn(4, 2, 64, 0.1, torch.float32, 'cuda') is None;"
+            "print(native._loaded)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"

@@ -212,7 +212,7 @@ class NativeInt4Weight(CpuWeight):
         if flat.shape[-1] != self.inputs:   # the kernel trusts its shapes: check them here
             raise ValueError(f"input has {flat.shape[-1]} features, the weight {self.inputs}")
         x = flat.float().contiguous()
-        y = torch.empty((x.shape[0], self.rows))
+        y = torch.empty((x.shape[0], self.rows), dtype=torch.float32)   # what the kernel writes
         held, pointers = self._weights                  # `held` keeps the weights alive for the call
         if self._kernel(x.data_ptr(), *pointers, y.data_ptr(), x.shape[0], self.rows, self.inputs):
             raise MemoryError("the int4 kernel could not allocate its scratch")
