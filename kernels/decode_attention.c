@@ -2,9 +2,11 @@
  *
  * out[b, h] = softmax(scale · q[b, h]·K[b, h/G]ᵀ + mask[b]) · V[b, h/G], G = H / H_kv query heads
  * per KV head (grouped-query attention: each KV head's keys are read once for its G queries).
- * torch's SDPA spends most of its time on one query per row in set-up: this kernel took 8 against
- * 18 µs at 64 cached positions, 47 against 65 at 540, 194 against 237 at 2000 (9 query heads over
- * 3 KV heads of 64, one thread, 2026-11-30). The softmax uses a vectorised e^x below.
+ * torch's SDPA spends most of its time on one query per row in set-up: this kernel takes ~8 µs at
+ * 64 cached positions where SDPA takes ~13-18 (9 query heads over 3 KV heads of 64, one thread);
+ * its Python wrapper's checks and allocation bring that to a tie in isolation, and it still saves
+ * ~0.5 ms per decode step in the model, 1.2× at 2000 positions (BENCHMARKS.md, 2026-11-30). The
+ * softmax uses a vectorised e^x below.
  *
  * q [B, H, D]: element (b, h, d) at b·q_stride + h·D + d; out [B, H, D] contiguous; keys and
  * values: element (b, j, l, d) at b·batch_stride + j·head_stride + l·D + d (views of the static

@@ -107,3 +107,19 @@ def test_bench_command_is_registered():
 
     got = CliRunner().invoke(app, ["bench", "--help"])
     assert got.exit_code == 0 and "run" in got.output and "dtypes" in got.output
+
+
+def test_the_cpu_kernel_bench_measures_every_contender():
+    import pytest
+
+    from zenedge.bench import cpu_kernels
+    from zenedge.kernels import native
+
+    if native.library() is None:
+        pytest.skip("no native CPU kernels on this machine")
+    results = cpu_kernels.run(rounds=1)
+    ratios = [results["int4_streamed"]["ratio"], results["rms_norm_576"]["ratio"],
+              *(r["ratio"] for r in results["int4_rows"].values()),
+              *(r["ratio"] for r in results["decode_attention"].values())]
+    assert len(ratios) == 9 and all(r > 0 for r in ratios)     # measured, not asserted: timings vary
+    assert "30 layers streamed" in cpu_kernels.report(results)

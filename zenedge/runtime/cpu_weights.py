@@ -13,9 +13,10 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
   included), answer loss within 0.023 nats of fp32 on the profiles' eval sets (BENCHMARKS.md).
 - `NativeInt4Weight`: the same int4 weights (same bytes, same dequantized values) multiplied by
   zenedge's own C kernel (kernels/int4_gemv.c, built on first use where the CPU has AVX-512 BF16
-  and a C compiler is found): it keeps up with memory where torch's kernel does not (30 layers'
-  worth of weights streamed: 6.7-7.0 ms against 8.9-9.6), and takes and returns fp32. The int4
-  format's default wherever it builds; `Int4Weight` everywhere else.
+  and a C compiler is found): it keeps closer to memory speed than torch's kernel at one row of
+  x (30 layers' worth of weights streamed: 1.23-1.28× faster, `python -m zenedge.bench.cpu_kernels`)
+  and takes and returns fp32; at 2-32 rows torch's is faster (0.7-0.8×). The int4 format's default
+  wherever it builds (decode steps are one row per request); `Int4Weight` everywhere else.
 
 torch's quantized kernels want bf16 activations (their fp32 paths are 10-30× slower), so `linear`
 casts x to bf16 and the result back: two tiny copies per matmul, whatever the model's dtype (the

@@ -1,0 +1,125 @@
+"""zenedge's C kernels for the CPU against torch's ops, one thread, in one run:
+`python -m zenedge.bench.cpu_kernels [--rounds 15] [--json PATH]`.
+
+- int4 products streamed over a model's worth of weights (SmolLM2-135M's 30 layers of q/k/v,
+  o, gate/up and down, in model order: what a decode step reads, too much for the caches), and
+  one 1536×576 weight at 1, 2, 4 and 32 rows of x;
+- RMSNorm of one 576-wide row; one-query attention (9 query heads over 3 KV heads of 64) at
+  64, 540 and 2000 cached positions, against SDPA.
+
+Random weights (the kernels' speed does not depend on the values); best of `rounds` for each,
+the contenders interleaved round by round so a noisy neighbour hits both. Prints ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+# (rows, inputs) of one SmolLM2-135M layer's products as the decode step calls them
+LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+LAYERS = 30
+
+
+def _best(contenders: dict, rounds: int, calls: int) -> dict:
+    """Best time per call (µs) of each contender (a no-argument function), interleaved by round."""
+    best = {name: float("inf") for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def run(rounds: int = 15) -> dict:
+    from zenedge.kernels import native
+    from zenedge.runtime.cpu_weights import Int4Weight, NativeInt4Weight
+
+    if native.library() is None:
+        raise SystemExit("the native CPU kernels are not available here (see the log for why)")
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    results: dict = {"date": datetime.date.today().isoformat(), "threads": 1, "rounds": rounds}
+
+    weights = [torch.randn(shape, generator=g) * 0.02 for _ in range(LAYERS) for shape in LAYER]
+    inputs = {k: torch.randn(1, k, generator=g) for k in {k for _, k in LAYER}}
+    calls = {kind: [(make(w), inputs[w.shape[1]]) for w in weights]
+             for kind, make in (("torch int4", Int4Weight), ("zenedge int4", NativeInt4Weight))}
+
+    def stream(kind):
+        return lambda: [copy._matmul(x) for copy, x in calls[kind]]
+    with torch.inference_mode():
+        best = _best({kind: stream(kind) for kind in calls}, rounds, 1)
+        nbytes = sum(copy.nbytes for copy, _ in calls["zenedge int4"])
+        results["int4_streamed"] = {"bytes": nbytes, **{f"{kind} ms": t / 1e3 for kind, t in best.items()},
+                                    "ratio": best["torch int4"] / best["zenedge int4"]}
+
+        one = torch.randn(1536, 576, generator=g) * 0.02
+        theirs, ours = Int4Weight(one), NativeInt4Weight(one)
+        results["int4_rows"] = {}
+        for rows in (1, 2, 4, 32):
+            x = torch.randn(rows, 576, generator=g)
+            best = _best({"torch": lambda: theirs._matmul(x), "zenedge": lambda: ours._matmul(x)}, rounds, 50)
+            results["int4_rows"][rows] = {"torch µs": best["torch"], "zenedge µs": best["zenedge"],
+                                          "ratio": best["torch"] / best["zenedge"]}
+
+        weight, row = torch.randn(576, generator=g), torch.randn(1, 576, generator=g)
+        norm = native.rms_norm_fn(weight, 1e-5)
+        best = _best({"torch": lambda: F.rms_norm(row, (576,), weight, 1e-5), "zenedge": lambda: norm(row)},
+                     rounds, 500)
+        results["rms_norm_576"] = {"torch µs": best["torch"], "zenedge µs": best["zenedge"],
+                                   "ratio": best["torch"] / best["zenedge"]}
+
+        attend = native.decode_attention_fn(9, 3, 64, 0.125, torch.float32, "cpu")
+        results["decode_attention"] = {}
+        for length in (64, 540, 2000):
+            cache = torch.randn(2, 1, 3, 2048, 64, generator=g)
+            keys, values = cache[0, :, :, :length], cache[1, :, :, :length]
+            q, mask = torch.randn(1, 9, 64, generator=g), torch.zeros(1, 1, 1, length)
+
+            def sdpa():
+                return F.scaled_dot_product_attention(q.view(1, 3, 3, 64), keys, values, attn_mask=mask, scale=0.125)
+            best = _best({"sdpa": sdpa, "zenedge": lambda: attend(q, keys, values, mask)}, rounds, 100)
+            results["decode_attention"][length] = {"sdpa µs": best["sdpa"], "zenedge µs": best["zenedge"],
+                                                   "ratio": best["sdpa"] / best["zenedge"]}
+    return results
+
+
+def report(results: dict) -> str:
+    s = results["int4_streamed"]
+    lines = [f"CPU kernels, {results['date']}, 1 thread, best of {results['rounds']} (ratio = torch / zenedge time)",
+             f"int4, 30 layers streamed ({s['bytes'] / 1e6:.1f} MB): torch {s['torch int4 ms']:.2f} ms, "
+             f"zenedge {s['zenedge int4 ms']:.2f} ms, {s['ratio']:.2f}×"]
+    for rows, r in results["int4_rows"].items():
+        lines.append(f"int4 1536×576, {rows} row(s) of x: torch {r['torch µs']:.0f} µs, "
+                     f"zenedge {r['zenedge µs']:.0f} µs, {r['ratio']:.2f}×")
+    r = results["rms_norm_576"]
+    lines.append(f"RMSNorm, 576 wide: torch {r['torch µs']:.1f} µs, zenedge {r['zenedge µs']:.1f} µs, {r['ratio']:.2f}×")
+    for length, r in results["decode_attention"].items():
+        lines.append(f"attention, {length} positions: SDPA {r['sdpa µs']:.1f} µs, zenedge {r['zenedge µs']:.1f} µs, "
+                     f"{r['ratio']:.2f}×")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    results = run(args.rounds)
+    print(report(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
