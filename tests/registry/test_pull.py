@@ -6,12 +6,13 @@ import threading
 
 import pytest
 
-from tests.conftest import tiny_module_shapes, write_lora_dir
+from tests.conftest import run_cli, tiny_module_shapes, write_lora_dir
 from zenedge import config
 from zenedge.errors import BudgetExceeded, DigestMismatch, ProfileNotFound, RegistryError
 from zenedge.registry.builder import build_registry
 from zenedge.registry.pull import pull, search
 from zenedge.registry.serve import RangeRequestHandler, make_server
+from zenedge.store import Store
 
 
 class FaultyHandler(RangeRequestHandler):
@@ -29,6 +30,10 @@ class FaultyHandler(RangeRequestHandler):
         path = self.translate_path(self.path)
         data = open(path, "rb").read()
         kind = fault["kind"]
+        if kind == "gate" and not fault["opened"].is_set():
+            return self._gated(data, fault)
+        if kind == "gate":
+            return super().send_head()
         if kind == "drop" and fault.get("left", 1) > 0 and not self.headers.get("Range"):
             fault["left"] = fault.get("left", 1) - 1
             self.send_response(200)
@@ -50,6 +55,20 @@ class FaultyHandler(RangeRequestHandler):
         self.end_headers()
         import io
         return io.BytesIO(body)
+
+    def _gated(self, data, fault):
+        """The first request for the file sends half its body, then waits until the test opens
+        the gate: a download caught mid-transfer for as long as the test needs (no sleeps)."""
+        fault["opened"].set()  # later requests for the file are served whole
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+        fault["halfway"].set()
+        fault["release"].wait(120)
+        self.wfile.write(data[len(data) // 2:])
+        return None
 
     def copyfile(self, source, outputfile):
         try:
@@ -227,3 +246,112 @@ def test_manifest_that_is_not_json_is_refused(store, server, registry_dir, tmp_p
 def test_file_registry_and_embedded_style_directory(store, registry_dir, tmp_path):
     result = pull(store, http_cfg(tmp_path, f"file://{registry_dir}"), "coder")
     assert result["kind"] == "lora"
+
+
+def gate(handler, file_name="adapter_model.safetensors"):
+    """Hold the first download of `file_name` halfway until `release` is set (see FaultyHandler._gated)."""
+    fault = {"kind": "gate", "opened": threading.Event(), "halfway": threading.Event(),
+             "release": threading.Event()}
+    handler.faults[file_name] = fault
+    return fault
+
+
+def in_thread(fn, *args, **kwargs):
+    """Run fn in a thread; returns (thread, outcome) where outcome gets "result" or "error"."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # reported by the test's assertions
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_commands_that_open_the_pool_mid_pull_leave_its_files_alone(store, server, tmp_path):
+    """Regression: `zenedge list` (start-up reconcile) or `pool gc` during a slow download emptied
+    tmp/ under the running pull, which then died with FileNotFoundError."""
+    url, handler = server
+    cfg = http_cfg(tmp_path, url)
+    fault = gate(handler)
+    thread, outcome = in_thread(pull, Store(store.home), cfg, "writer")
+    assert fault["halfway"].wait(60)
+    env = {"ZENEDGE_CONFIG": str(cfg.path)}
+    assert run_cli("list", "--json", env=env).returncode == 0
+    gc = run_cli("pool", "gc", "--json", env=env)
+    assert gc.returncode == 0, gc.stderr
+    fault["release"].set()
+    thread.join(120)
+    assert "error" not in outcome, repr(outcome.get("error"))
+    assert outcome["result"]["name"] == "writer"
+    assert store.check() == [] and not list((store.home / "partial").iterdir())
+
+
+def test_two_pulls_of_the_same_profile_share_one_download(store, server, tmp_path):
+    """Regression: two concurrent pulls of one profile wrote into the same partial file and both
+    failed, blaming the registry. The second waits for the first and finds the files stored."""
+    url, handler = server
+    cfg = http_cfg(tmp_path, url)
+    fault = gate(handler)
+    first, first_outcome = in_thread(pull, Store(store.home), cfg, "writer")
+    assert fault["halfway"].wait(60)
+    events = []
+    waiting = threading.Event()
+
+    def progress(event):
+        events.append(event)
+        if event.get("status") == "waiting":
+            waiting.set()
+
+    second, second_outcome = in_thread(pull, Store(store.home), cfg, "writer", progress=progress)
+    waiting.wait(30)  # bounded: before the fix nobody waits, and the assertions below say what went wrong
+    fault["release"].set()
+    first.join(120)
+    second.join(120)
+    assert "error" not in first_outcome and "error" not in second_outcome, (first_outcome, second_outcome)
+    assert waiting.is_set(), events
+    assert second_outcome["result"]["up_to_date"] and not first_outcome["result"]["up_to_date"]
+    weights_requests = [p for p, _ in handler.log if p.endswith("adapter_model.safetensors")]
+    assert len(weights_requests) == 1  # one transfer for both
+    assert store.check() == [] and not list((store.home / "partial").iterdir())
+
+
+def test_interrupted_downloads_are_reported_and_collected(store, server, tmp_path, monkeypatch):
+    """Regression: partial files of interrupted pulls survived `pool gc` and `pool maintain`, were
+    missing from `pool check` and `pool status`. Gc removes those no live pull owns."""
+    url, handler = server
+    monkeypatch.setattr("zenedge.registry.download.time.sleep", lambda s: None)
+    handler.faults["adapter_model.safetensors"] = {"kind": "shorter"}
+    cfg = http_cfg(tmp_path, url)
+    with pytest.raises(RegistryError):
+        pull(store, cfg, "writer")
+    [part] = list((store.home / "partial").glob("*.part"))
+    size = part.stat().st_size
+    env = {"ZENEDGE_CONFIG": str(cfg.path)}
+    status = json.loads(run_cli("pool", "status", "--json", env=env).stdout)
+    assert status["partial_downloads"] == {"count": 1, "bytes": size, "active": 0}
+    check = run_cli("pool", "check", env=env)
+    assert check.returncode == 0 and "partial downloads: 1 left by interrupted pulls" in check.stdout
+    assert part.exists()  # opening the pool keeps it: the next pull resumes from it
+    gc = json.loads(run_cli("pool", "gc", "--json", env=env).stdout)
+    assert gc["partial_downloads"] == 1 and gc["partial_bytes"] == size
+    assert not part.exists()
+    assert json.loads(run_cli("pool", "status", "--json", env=env).stdout)["partial_downloads"]["count"] == 0
+
+
+def test_maintain_collects_interrupted_downloads(store, server, tmp_path, monkeypatch):
+    from zenedge.maintenance import maintain
+
+    url, handler = server
+    monkeypatch.setattr("zenedge.registry.download.time.sleep", lambda s: None)
+    handler.faults["adapter_model.safetensors"] = {"kind": "shorter"}
+    cfg = http_cfg(tmp_path, url)
+    with pytest.raises(RegistryError):
+        pull(store, cfg, "writer")
+    assert list((store.home / "partial").glob("*.part"))
+    report = maintain(store, cfg, verify=False)
+    assert report["reconciled"]["partial_downloads"] == 1
+    assert not list((store.home / "partial").iterdir())

@@ -139,7 +139,10 @@ def test_events_record_what_happened(store, lora_factory, tmp_path):
 
 def test_reconcile_removes_crash_leftovers(store, lora_factory, tmp_path):
     policy.import_lora(store, cfg_with(tmp_path), lora_factory(), "writer", base="tiny")
-    (store.blobs.tmp / "blob-partial").write_bytes(b"half")
+    dead = store.blobs.tmp_root / "999999-dead"  # a staging dir whose process is gone: nobody holds it
+    dead.mkdir()
+    (dead / "blob-partial").write_bytes(b"half")
+    (store.blobs.tmp / "in-use").write_bytes(b"ours")  # this live store's staging: not a leftover
     orphan = "ab" * 32
     store.blobs.path(orphan).write_bytes(b"orphan")
     (store.bases_dir / "half-base").mkdir()
@@ -151,6 +154,7 @@ def test_reconcile_removes_crash_leftovers(store, lora_factory, tmp_path):
     assert event["detail"]["tmp"] == 1 and event["detail"]["orphan_blobs"] == 1
     assert event["detail"]["orphan_bases"] == 1
     assert store.resolve("writer")
+    assert not dead.exists() and (store.blobs.tmp / "in-use").exists()
 
 
 def test_check_detects_a_missing_or_corrupt_blob(store, lora_factory, tmp_path):

@@ -112,6 +112,7 @@ def status_cmd(json_out: bool) -> None:
         "free_bytes": max(0, cfg.budget - usage.used_bytes), "by_kind": usage.by_kind,
         "adapters": usage.adapters, "max_adapters": cfg.get("pool", "max_adapters"),
         "names": len(store.names()), "merges": len(store.merges()),
+        "partial_downloads": store.partial_downloads(),
         "events": [{k: e[k] for k in ("at", "kind", "name", "detail")} for e in store.events(10)],
     }
     if json_out:
@@ -119,9 +120,17 @@ def status_cmd(json_out: bool) -> None:
     click.echo(f"budget {format_size(cfg.budget)}, used {format_size(usage.used_bytes)}, "
                f"free {format_size(status['free_bytes'])}; {usage.adapters}/{status['max_adapters']} adapters "
                f"serving {status['names']} names; {status['merges']} merges")
+    if status["partial_downloads"]["count"] or status["partial_downloads"]["active"]:
+        click.echo(_partials_line(status["partial_downloads"]))
     now = time.time()
     print_table([(ago(now - e["at"]), e["kind"], e["name"] or "", _short(e["detail"])) for e in status["events"]],
                 ["WHEN", "EVENT", "NAME", "DETAIL"], title="recent events", empty="no events yet")
+
+
+def _partials_line(partials: dict) -> str:
+    active = f"{partials['active']} downloading now; " if partials["active"] else ""
+    return (f"partial downloads: {active}{partials['count']} left by interrupted pulls "
+            f"({format_size(partials['bytes'])}; a new pull resumes them, `zenedge pool gc` removes them)")
 
 
 def _short(detail) -> str:
@@ -136,14 +145,18 @@ def _short(detail) -> str:
 def check_cmd(deep: bool, json_out: bool) -> None:
     """Verify the pool's invariants; exit 1 if any is broken."""
     cfg = load_config()
-    problems = open_store().check(budget=cfg.budget, deep=deep)
+    store = open_store()
+    problems = store.check(budget=cfg.budget, deep=deep)
+    partials = store.partial_downloads()  # not a broken invariant: reported, not a failure
     if json_out:
-        print_json({"ok": not problems, "problems": problems})
+        print_json({"ok": not problems, "problems": problems, "partial_downloads": partials})
     elif problems:
         for problem in problems:
             click.echo(f"problem: {problem}")
     else:
         click.echo("ok: the pool is consistent")
+    if not json_out and (partials["count"] or partials["active"]):
+        click.echo(f"note: {_partials_line(partials)}")
     if problems:
         raise click.exceptions.Exit(1)
 
@@ -166,7 +179,7 @@ def maintain_cmd(json_out: bool) -> None:
 @pool.command("gc")
 @json_option
 def gc_cmd(json_out: bool) -> None:
-    """Remove leftovers (temporary files, unreferenced blobs) and report them."""
+    """Remove leftovers (temporary files, unreferenced blobs, partial downloads no pull owns) and report them."""
     load_config()
     counts = open_store().reconcile(blocking=True)
     if json_out:

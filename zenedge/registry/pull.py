@@ -114,14 +114,26 @@ def pull(store: Store, cfg: Config, reference: str, *, progress: Progress | None
     resolved = resolve(cfg, reference)
     manifest = resolved.manifest
     base = _check_base(store, manifest, progress)
+    digests = [entry.sha256 for entry in manifest.files] + ([manifest.eval.sha256] if manifest.eval else [])
+
+    def waiting(digest: str) -> None:
+        report({"status": "waiting", "detail": "another pull is fetching the same files"})
+
+    # Own these files' downloads until the commit: a second pull of them waits here, then finds
+    # them stored (up to date, or dedup) instead of writing into the same partial file.
+    with store.downloads.claim(digests, on_wait=waiting):
+        return _fetch_and_commit(store, cfg, resolved, base, report, progress, engine)
+
+
+def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[str, Any], report: Progress,
+                      progress: Progress | None, engine) -> dict[str, Any]:
+    manifest = resolved.manifest
     weights = manifest.file("weights")
     existing = store.name(manifest.name)
     if existing and existing["adapter_id"] == weights.sha256:
         report({"status": "up to date", "name": manifest.name})
         return _result(store, manifest, weights.sha256, up_to_date=True)
     _check_space(store, cfg, manifest)
-    partial = store.home / "partial"
-    partial.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging_name:
         staging = Path(staging_name)
         files = list(manifest.files) + ([manifest.eval] if manifest.eval else [])
@@ -138,7 +150,7 @@ def pull(store: Store, cfg: Config, reference: str, *, progress: Progress | None
                 done[0] += n
                 report({"status": "downloading", "file": entry.path, "completed": done[0], "total": entry.size})
 
-            part = partial / f"{entry.sha256}.part"
+            part = store.downloads.part(entry.sha256)
             resolved.source.fetch(resolved.folder, entry.path, part, sha256=entry.sha256, size=entry.size,
                                   progress=on_bytes)
             part.replace(target)

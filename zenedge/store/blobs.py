@@ -1,7 +1,8 @@
 """Content-addressed blob files: `blobs/sha256-<hex>`, written to a temp file, fsynced, renamed.
 
 A blob file either exists complete under its final name or not at all; partial writes only ever
-live in `tmp/`, which start-up sweeps. Digests are validated before any path is built from them.
+live in this store's own staging directory under `tmp/` (see owners.py), which start-up sweeps
+once its owner is gone. Digests are validated before any path is built from them.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from zenedge.errors import DigestMismatch
 from zenedge.names import check_digest
+from zenedge.store.owners import StagingDir, staging_leftovers
 
 CHUNK = 1 << 20
 PREFIX = "sha256-"
@@ -32,9 +35,20 @@ def fsync_dir(path: Path) -> None:
 class BlobStore:
     def __init__(self, root: Path):
         self.dir = root / "blobs"
-        self.tmp = root / "tmp"
+        self.tmp_root = root / "tmp"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp_root.mkdir(parents=True, exist_ok=True)
+        self._staging: StagingDir | None = None
+        self._staging_guard = threading.Lock()
+
+    @property
+    def tmp(self) -> Path:
+        """This store's staging directory (`tmp/<pid>-<random>/`, made on first use, locked while
+        the store lives): everything staged goes here, never into tmp/ itself."""
+        with self._staging_guard:
+            if self._staging is None or not self._staging.path.is_dir():
+                self._staging = StagingDir(self.tmp_root)
+            return self._staging.path
 
     def path(self, digest: str) -> Path:
         return self.dir / f"{PREFIX}{check_digest(digest)}"
@@ -51,9 +65,9 @@ class BlobStore:
                 yield entry.name[len(PREFIX):]
 
     def strays(self) -> list[Path]:
-        """Files in blobs/ that are not well-formed blob names, plus everything in tmp/."""
+        """Files in blobs/ that are not well-formed blob names, plus what dead processes left in tmp/."""
         odd = [p for p in self.dir.iterdir() if not p.name.startswith(PREFIX)]
-        return odd + list(self.tmp.iterdir())
+        return odd + staging_leftovers(self.tmp_root)
 
     def put_stream(self, source: BinaryIO, expected: str | None = None,
                    progress: Callable[[int], None] | None = None) -> tuple[str, int]:

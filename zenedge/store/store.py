@@ -6,7 +6,8 @@ Invariants (checked by `check()`, kept by every method here):
 - every name points to an existing adapter; no adapter is left without a name.
 Ordering makes crashes safe: blob files are written (tmp → fsync → rename) before the commit
 that references them, and deleted only after the commit that dropped the last reference. A
-crash leaves at worst orphan files, which `reconcile()` removes on the next start.
+crash leaves at worst orphan files, which `reconcile()` removes on the next start; staging
+directories and partial downloads have owners (owners.py), and only a dead owner's are removed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from zenedge.sizes import format_size
 from zenedge.store.blobs import BlobStore, fsync_dir
 from zenedge.store.lock import WriterLock
 from zenedge.store.migrations import migrate, pending_migrations
+from zenedge.store.owners import Downloads, collect_staging
 
 RATE_HALF_LIFE = 24 * 3600.0  # a request counts half as much after a day
 
@@ -73,6 +75,7 @@ class Store:
         self.blobs = BlobStore(self.home)
         self.bases_dir = self.home / "bases"
         self.bases_dir.mkdir(exist_ok=True)
+        self.downloads = Downloads(self.home)
         self.lock = WriterLock(self.home / "lock")
         self.path = self.home / "index.db"
         self._local = threading.local()
@@ -80,7 +83,8 @@ class Store:
             with self.lock.hold():
                 migrate(self.db)
         if reconcile:
-            self.reconcile(blocking=False)
+            # partial downloads stay: an interrupted pull resumes from them; gc and maintain collect them
+            self.reconcile(blocking=False, downloads=False)
 
     # -- connections ---------------------------------------------------------------------
     @property
@@ -413,8 +417,9 @@ class Store:
                   AND digest NOT IN (SELECT eval_blob FROM names WHERE eval_blob IS NOT NULL))""").fetchone()[0]
         return strays, orphans, base_dirs, dangling
 
-    def reconcile(self, blocking: bool = True) -> dict[str, int]:
-        """Remove what a crash can leave behind. Cheap when there is nothing to do (every start)."""
+    def reconcile(self, blocking: bool = True, *, downloads: bool = True) -> dict[str, int]:
+        """Remove what a crash can leave behind. Cheap when there is nothing to do (every start).
+        `downloads`: also partial downloads no live pull owns (which a new pull would resume)."""
         strays, orphans, base_dirs, dangling = self._leftovers()
         if not (strays or orphans or base_dirs or dangling) and not blocking:
             return {}
@@ -425,12 +430,13 @@ class Store:
             return {}  # a writer is active: its leftovers are not leftovers yet
         try:
             strays, orphans, base_dirs, dangling = self._leftovers()  # again, under the lock
-            for path in strays:
-                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            collect_staging(strays)
             for path in base_dirs:
                 shutil.rmtree(path, ignore_errors=True)
             counts = {"tmp": len(strays), "orphan_blobs": len(orphans), "orphan_bases": len(base_dirs),
                       "dangling_rows": dangling}
+            if downloads:
+                counts["partial_downloads"], counts["partial_bytes"] = self.downloads.collect()
             if dangling or any(counts.values()):
                 with self.db.atomic():
                     self._drop_unnamed()
@@ -439,6 +445,14 @@ class Store:
             return counts
         finally:
             context.__exit__(None, None, None)
+
+    def partial_downloads(self) -> dict[str, int]:
+        """Partial files of pulls: those a live pull is writing, and leftovers of interrupted ones
+        (count and bytes; a new pull resumes from them, `reconcile()` collects them)."""
+        found = self.downloads.list()
+        leftovers = [p for p in found if not p.active]
+        return {"count": len(leftovers), "bytes": sum(p.bytes for p in leftovers),
+                "active": len(found) - len(leftovers)}
 
     def check(self, budget: int | None = None, deep: bool = False) -> list[str]:
         """Every invariant violation, as one line each (empty list: the pool is consistent)."""
