@@ -134,6 +134,36 @@ export interface CompletionRequest {
   prompt: string | Array<string>;
 }
 
+export interface Embedding {
+  object: "embedding";
+  index: number;
+  /** unit-length vector; a base64 string with encoding_format base64 */
+  embedding: Array<number> | string;
+}
+
+export interface EmbeddingList {
+  object: "list";
+  data: Array<Embedding>;
+  model: string;
+  usage: EmbeddingUsage;
+}
+
+export interface EmbeddingRequest {
+  /** a profile in the pool or a base name */
+  model: string;
+  /** text, or a list of texts (token ids are refused: they belong to another tokenizer) */
+  input: string | Array<string>;
+  /** base64: each vector as little-endian float32 bytes (what OpenAI's SDKs ask for) */
+  encoding_format?: "float" | "base64";
+  /** keep the first N dimensions, re-normalised (at most the model's width) */
+  dimensions?: number | null;
+}
+
+export interface EmbeddingUsage {
+  prompt_tokens: number;
+  total_tokens: number;
+}
+
 export interface ErrorBody {
   error: ErrorDetail;
 }
@@ -190,6 +220,216 @@ export interface ModelList {
   data: Array<ModelCard>;
 }
 
+export interface OllamaChatRequest {
+  /** a profile or a base (`NAME:latest` = NAME) */
+  model: string;
+  /** NDJSON lines (Ollama's default); false: one JSON object */
+  stream?: boolean;
+  options?: OllamaOptions | null;
+  /** 0 drops a profile's variant from the delta cache after the request; other values ("5m", 300, -1) leave it to the cache's policy. The base always stays resident. */
+  keep_alive?: number | string | null;
+  /** structured output is not supported: anything but empty is refused */
+  format?: unknown;
+  /** thinking is not supported: true is refused */
+  think?: boolean | string | null;
+  /** empty: load the model and return */
+  messages?: Array<OllamaMessage>;
+  /** refused when not empty */
+  tools?: Array<{ [key: string]: unknown }> | null;
+}
+
+/** /api/chat: one object, or each NDJSON line of a stream (`done` on the last, with the stats). */
+export interface OllamaChatResponse {
+  total_duration?: number | null;
+  /** waiting in the queue and loading the base or variant */
+  load_duration?: number | null;
+  prompt_eval_count?: number | null;
+  prompt_eval_duration?: number | null;
+  eval_count?: number | null;
+  eval_duration?: number | null;
+  model: string;
+  created_at: string;
+  message: OllamaReplyMessage;
+  done: boolean;
+  /** stop, length, cancelled; load or unload for empty requests */
+  done_reason?: string | null;
+}
+
+export interface OllamaDeleteRequest {
+  model?: string | null;
+  name?: string | null;
+}
+
+export interface OllamaEmbedRequest {
+  model: string;
+  /** text or texts; "" alone: load the model, no vectors */
+  input: string | Array<string>;
+  /** cut inputs longer than the limit (false: refuse them) */
+  truncate?: boolean;
+  dimensions?: number | null;
+  options?: OllamaOptions | null;
+  keep_alive?: number | string | null;
+}
+
+export interface OllamaEmbedResponse {
+  model: string;
+  /** unit-length vectors, one per input */
+  embeddings: Array<Array<number>>;
+  total_duration: number;
+  load_duration: number;
+  prompt_eval_count: number;
+}
+
+/** The older /api/embeddings (what Hanzo/Shinkai nodes send): one prompt, one vector. */
+export interface OllamaEmbeddingsRequest {
+  model: string;
+  prompt?: string;
+  options?: OllamaOptions | null;
+  keep_alive?: number | string | null;
+}
+
+export interface OllamaEmbeddingsResponse {
+  /** unit-length (Ollama's own is not normalised here); [] for an empty prompt */
+  embedding: Array<number>;
+}
+
+/** The error body of the Ollama-compatible routes. */
+export interface OllamaError {
+  error: string;
+}
+
+export interface OllamaGenerateRequest {
+  /** a profile or a base (`NAME:latest` = NAME) */
+  model: string;
+  /** NDJSON lines (Ollama's default); false: one JSON object */
+  stream?: boolean;
+  options?: OllamaOptions | null;
+  /** 0 drops a profile's variant from the delta cache after the request; other values ("5m", 300, -1) leave it to the cache's policy. The base always stays resident. */
+  keep_alive?: number | string | null;
+  /** structured output is not supported: anything but empty is refused */
+  format?: unknown;
+  /** thinking is not supported: true is refused */
+  think?: boolean | string | null;
+  /** templated as one user turn (unless raw); empty: load the model and return */
+  prompt?: string;
+  system?: string | null;
+  /** send the prompt as it is, without the chat template */
+  raw?: boolean;
+  /** fill-in-the-middle is not supported: refused when not empty */
+  suffix?: string | null;
+  /** custom templates are not supported: refused when not empty */
+  template?: string | null;
+  /** continuing from a context is not supported */
+  context?: Array<number> | null;
+  /** refused when not empty */
+  images?: Array<string> | null;
+}
+
+/** /api/generate: one object, or each NDJSON line of a stream. */
+export interface OllamaGenerateResponse {
+  total_duration?: number | null;
+  /** waiting in the queue and loading the base or variant */
+  load_duration?: number | null;
+  prompt_eval_count?: number | null;
+  prompt_eval_duration?: number | null;
+  eval_count?: number | null;
+  eval_duration?: number | null;
+  model: string;
+  created_at: string;
+  response: string;
+  done: boolean;
+  done_reason?: string | null;
+}
+
+export interface OllamaMessage {
+  role: "system" | "user" | "assistant";
+  content?: string;
+  /** refused when not empty: no vision models */
+  images?: Array<string> | null;
+}
+
+/** An entry of /api/tags: a base or a profile in the pool. */
+export interface OllamaModel {
+  name: string;
+  model: string;
+  modified_at: string;
+  /** bytes on disk: the adapter's for a profile, the weights' for a base */
+  size: number;
+  digest: string;
+  details: OllamaModelDetails;
+  /** zenedge's addition: base, lora, bitdelta or merged */
+  kind: string;
+}
+
+export interface OllamaModelDetails {
+  /** for a profile, the base it runs on */
+  parent_model: string;
+  format: string;
+  family: string;
+  families: Array<string>;
+  parameter_size: string;
+  /** the stored weights' dtype (e.g. F32, BF16) */
+  quantization_level: string;
+}
+
+/** The `options` zenedge honours; others (num_ctx, top_k, repeat_penalty, …) are ignored, as Ollama ignores options its runner does not use. */
+export interface OllamaOptions {
+  /** tokens to generate; absent, 0, -1 or -2: the default cap (256) */
+  num_predict?: number | null;
+  /** default 0.8; 0 = greedy */
+  temperature?: number | null;
+  /** default 0.9 */
+  top_p?: number | null;
+  seed?: number | null;
+  stop?: Array<string> | null;
+}
+
+export interface OllamaReplyMessage {
+  role: "assistant";
+  content: string;
+}
+
+export interface OllamaRunningModel {
+  name: string;
+  model: string;
+  /** bytes in memory */
+  size: number;
+  digest: string;
+  details: OllamaModelDetails;
+  /** null: held until the cache needs the room (bases: never) */
+  expires_at: string | null;
+  size_vram: number;
+  context_length: number;
+}
+
+export interface OllamaShowRequest {
+  model?: string | null;
+  name?: string | null;
+  verbose?: boolean;
+}
+
+export interface OllamaShowResponse {
+  license: string;
+  modelfile: string;
+  parameters: string;
+  /** the base's chat template */
+  template: string;
+  details: OllamaModelDetails;
+  /** general.*, <family>.context_length / embedding_length, and zenedge.* (kind, adapter, base) for a profile */
+  model_info: { [key: string]: unknown };
+  capabilities: Array<string>;
+  modified_at: string;
+}
+
+export interface OllamaTags {
+  models: Array<OllamaModel>;
+}
+
+export interface OllamaVersion {
+  /** zenedge's version */
+  version: string;
+}
+
 export interface PoolEntry {
   name: string;
   kind: string;
@@ -227,7 +467,10 @@ export interface PoolStatus {
   maintenance: MaintenanceInfo;
 }
 
+/** zenedge's view of memory, plus Ollama's `models` list (what GET /api/ps answers Ollama clients). */
 export interface Ps {
+  /** Ollama's shape: resident bases and cached profiles */
+  models: Array<OllamaRunningModel>;
   device: string;
   dtype: string;
   bases: Array<ResidentBase>;
@@ -240,23 +483,31 @@ export interface Ps {
   uptime_seconds: number;
 }
 
-/** One NDJSON line of /api/pull: progress, then a last line with status "success" (and the result's fields) or an `error` object. */
+/** One NDJSON line of /api/pull: progress, then a last line with status "success" (and the result's fields) or an `error`. Every line is also one of Ollama's: `status` is always a string, `completed`/`total` integers when present, `digest` when the pull names one. */
 export interface PullProgress {
   status: string;
   file?: string | null;
+  digest?: string | null;
   completed?: number | null;
   total?: number | null;
   [key: string]: unknown;
 }
 
+/** zenedge sends `name`; Ollama's clients send `model` (and `insecure`). One of the two. */
 export interface PullRequest {
   /** NAME or NAME:VERSION */
-  name: string;
+  name?: string | null;
+  /** Ollama's field for the name (`NAME:latest` = NAME); errors then come in Ollama's shape */
+  model?: string | null;
   /** stream progress as NDJSON; false: one JSON result */
   stream?: boolean;
+  /** accepted for Ollama's clients; the registry URL decides the transport */
+  insecure?: boolean;
 }
 
 export interface PullResult {
+  /** Ollama's last progress line, for `stream: false` */
+  status?: "success";
   name: string;
   kind: string;
   bytes: number;

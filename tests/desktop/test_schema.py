@@ -32,11 +32,17 @@ def test_generated_client_types_are_current():
 
 def test_schema_covers_every_endpoint_and_streamed_type():
     spec = schema.openapi()
-    assert set(spec["paths"]) == {"/health", "/v1/models", "/v1/chat/completions", "/v1/completions", "/api/pull",
-                                  "/api/list", "/api/ps", "/api/rm", "/api/budget", "/api/pool"}
+    assert set(spec["paths"]) == {"/health", "/v1/models", "/v1/chat/completions", "/v1/completions",
+                                  "/v1/embeddings", "/api/pull", "/api/list", "/api/ps", "/api/rm", "/api/budget",
+                                  "/api/pool", "/api/tags", "/api/show", "/api/version", "/api/chat",
+                                  "/api/generate", "/api/embed", "/api/embeddings", "/api/delete"}
     schemas = spec["components"]["schemas"]
-    assert {"ChatCompletionChunk", "PullProgress", "ErrorBody"} <= set(schemas)
+    assert {"ChatCompletionChunk", "PullProgress", "ErrorBody", "OllamaChatResponse", "OllamaGenerateResponse",
+            "OllamaError"} <= set(schemas)
     assert "HTTPValidationError" not in schemas  # validation errors use ErrorBody like every other error
     chat = spec["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert chat["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert chat["200"]["content"]["text/event-stream"]["schema"]["$ref"].endswith("/ChatCompletionChunk")
+    ollama_chat = spec["paths"]["/api/chat"]["post"]["responses"]  # Ollama's routes answer Ollama's error body
+    assert ollama_chat["404"]["content"]["application/json"]["schema"]["$ref"].endswith("/OllamaError")
+    assert ollama_chat["200"]["content"]["application/x-ndjson"]["schema"]["$ref"].endswith("/OllamaChatResponse")

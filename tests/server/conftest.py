@@ -3,8 +3,11 @@ change the pool or the config."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from tests.conftest import tiny_module_shapes, write_lora_dir
 from tests.server.harness import ThreadDaemon, make_home, one_torch_thread
 
 
@@ -35,3 +38,18 @@ def fresh_daemon(tmp_path, tiny_base_dir):
     yield start
     for running in started:
         running.stop()
+
+
+@pytest.fixture
+def registry(tmp_path, tiny_base_dir):
+    """A file:// registry with one LoRA profile, `writer`, for the tiny base."""
+    from zenedge.bases import weights_sha256
+    from zenedge.registry.builder import build_registry
+
+    root = tmp_path / "registry"
+    write_lora_dir(root / "writer" / "adapter", tiny_module_shapes(tiny_base_dir), seed=11, scale=0.3)
+    (root / "writer" / "recipe.json").write_text(json.dumps({
+        "name": "writer", "version": "1.0.0", "description": "test writer", "kind": "lora",
+        "base": {"name": "tiny", "sha256": weights_sha256(tiny_base_dir)}}))
+    build_registry(root)
+    return f"file://{root}"

@@ -6,12 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
-from tests.conftest import tiny_module_shapes, write_lora_dir
 from tests.server.harness import PROFILES, chat_body, write_config
 from zenedge.api import wire
-from zenedge.registry.builder import build_registry
 
 
 def eventually(check, timeout: float = 30.0):
@@ -32,6 +28,7 @@ def test_health_list_ps_shapes(daemon):
         http.post("/v1/chat/completions", json=chat_body("p0", "hi", max_tokens=2))
         ps = wire.Ps.model_validate(http.get("/api/ps").json())
     assert ps.device == "cpu" and ps.rss_bytes > 0
+    assert {m.name for m in ps.models} == {"tiny", "p0"}  # Ollama's list, in the same body
     assert [b.name for b in ps.bases] == ["tiny"] and ps.bases[0].load_seconds > 0
     variant = next(v for v in ps.variants if "p0" in v.names)
     assert variant.kind == "lora" and variant.bytes > 0 and variant.load_seconds > 0
@@ -107,20 +104,6 @@ def test_background_maintenance_runs_on_its_interval(fresh_daemon):
         assert info["last_error"] is None and info["last_result"]["problems"] == []
 
 
-@pytest.fixture
-def registry(tmp_path, tiny_base_dir):
-    """A file:// registry with one LoRA profile, `writer`, for the tiny base."""
-    from zenedge.bases import weights_sha256
-
-    root = tmp_path / "registry"
-    write_lora_dir(root / "writer" / "adapter", tiny_module_shapes(tiny_base_dir), seed=11, scale=0.3)
-    (root / "writer" / "recipe.json").write_text(json.dumps({
-        "name": "writer", "version": "1.0.0", "description": "test writer", "kind": "lora",
-        "base": {"name": "tiny", "sha256": weights_sha256(tiny_base_dir)}}))
-    build_registry(root)
-    return f"file://{root}"
-
-
 def test_pull_streams_progress_then_serves_the_profile(fresh_daemon, registry):
     daemon = fresh_daemon(config={"registry": {"urls": [registry]}})
     with daemon.uds() as http:
@@ -129,10 +112,24 @@ def test_pull_streams_progress_then_serves_the_profile(fresh_daemon, registry):
             assert response.headers["content-type"].startswith("application/x-ndjson")
             lines = [json.loads(line) for line in response.iter_lines() if line]
         assert any(line["status"] == "downloading" and line["total"] for line in lines[:-1])
+        assert all(wire.PullProgress.model_validate(line).status for line in lines)  # each also an Ollama line
         final = wire.PullResult.model_validate(lines[-1])
         assert lines[-1]["status"] == "success" and final.name == "writer" and final.kind == "lora"
         assert http.post("/v1/chat/completions", json=chat_body("writer", "hi", max_tokens=4)).status_code == 200
         again = http.post("/api/pull", json={"name": "writer", "stream": False}).json()
         assert again["up_to_date"] is True and again["adapter_id"] == final.adapter_id
+        assert again["status"] == "success"
         missing = http.post("/api/pull", json={"name": "ghost"})
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "profile_not_found"
+        for body in ({}, {"name": "writer", "model": "other"}, {"name": "writer", "extra": 1}):
+            assert http.post("/api/pull", json=body).status_code == 422
+
+
+def test_progress_lines_are_valid_ollama_lines():
+    from zenedge.server.native_routes import progress_line
+
+    gate = progress_line({"phase": "gate", "completed": 2.0, "total": "3 profiles", "name": "writer"})
+    assert gate == {"phase": "gate", "status": "gate", "completed": 2, "name": "writer"}
+    assert progress_line({"status": "downloading", "sha256": "ab" * 32})["digest"] == "sha256:" + "ab" * 32
+    kept = {"status": "checking quality of writer", "phase": "gate", "completed": 1, "total": 4}
+    assert progress_line(kept) == kept

@@ -1,23 +1,30 @@
 """The wire contract: every request and response body the daemon speaks.
 
-Two families:
+Three families:
 - OpenAI-compatible (`/v1/*`): requests are lenient (unknown fields ignored, because SDKs send
   parameters we do not use); `n` is pinned to 1 so a request for several choices is refused
   rather than silently answered with one.
 - Native (`/api/*`): requests are strict (an unknown field is a 422, so a typo never falls back
   to a default).
+- Ollama-compatible (`/api/tags`, `/api/chat`, … : the `Ollama*` types): lenient like Ollama
+  itself; fields whose meaning zenedge cannot honour (images, tools, structured `format`) are
+  refused by the routes rather than ignored. `/api/pull` and `/api/ps` serve both the native
+  and Ollama's shape in one body.
 
-Errors everywhere: `{"error": {"code", "message", "hint"?}}` (ErrorBody), with `code` taken from
-zenedge.errors. Field names follow OpenAI and Ollama where a user would know them.
+Errors: `{"error": {"code", "message", "hint"?}}` (ErrorBody), with `code` taken from
+zenedge.errors; the Ollama-only routes answer Ollama's `{"error": "message"}` (OllamaError), as
+does /api/pull when the request names `model` (Ollama's field) instead of `name`. Field names
+follow OpenAI and Ollama where a user would know them.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_TOKENS = 65536  # SamplingParams' own limit
+MAX_EMBEDDING_INPUTS = 256  # texts per embedding request (each also bounded in tokens: runtime/embed.py)
 
 
 class Strict(BaseModel):
@@ -174,6 +181,38 @@ class ModelList(Reply):
     data: list[ModelCard]
 
 
+EmbeddingText = Annotated[str, Field(max_length=1 << 20)]
+EmbeddingInputs = Annotated[list[EmbeddingText], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+
+
+class EmbeddingRequest(Lenient):
+    model: str = Field(min_length=1, max_length=256, description="a profile in the pool or a base name")
+    input: EmbeddingText | EmbeddingInputs = Field(description="text, or a list of texts (token ids are refused: "
+                                                               "they belong to another tokenizer)")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: each vector as little-endian float32 bytes (what OpenAI's SDKs ask for)")
+    dimensions: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="keep the first N dimensions, re-normalised (at most the model's width)")
+
+
+class Embedding(Reply):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="unit-length vector; a base64 string with encoding_format base64")
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(Reply):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 # -- native API -------------------------------------------------------------------------------------
 class Health(Reply):
     status: Literal["ok"] = "ok"
@@ -230,6 +269,9 @@ class SchedulerStats(BaseModel):
 
 
 class Ps(BaseModel):
+    """zenedge's view of memory, plus Ollama's `models` list (what GET /api/ps answers Ollama clients)."""
+
+    models: list["OllamaRunningModel"] = Field(description="Ollama's shape: resident bases and cached profiles")
     device: str
     dtype: str
     bases: list[ResidentBase]
@@ -283,23 +325,40 @@ class BudgetPlan(BaseModel):
 
 
 class PullRequest(Strict):
-    name: str = Field(description="NAME or NAME:VERSION")
+    """zenedge sends `name`; Ollama's clients send `model` (and `insecure`). One of the two."""
+
+    name: str | None = Field(None, min_length=1, max_length=256, description="NAME or NAME:VERSION")
+    model: str | None = Field(None, min_length=1, max_length=256,
+                              description="Ollama's field for the name (`NAME:latest` = NAME); errors then "
+                                          "come in Ollama's shape")
     stream: bool = Field(True, description="stream progress as NDJSON; false: one JSON result")
+    insecure: bool = Field(False, description="accepted for Ollama's clients; the registry URL decides the transport")
+
+    @model_validator(mode="after")
+    def _one_name(self) -> "PullRequest":
+        if self.name is None and self.model is None:
+            raise ValueError("give the profile to pull as `name` (or `model`)")
+        if self.name is not None and self.model is not None and self.name != self.model:
+            raise ValueError("`name` and `model` disagree: give one of them")
+        return self
 
 
 class PullProgress(BaseModel):
     """One NDJSON line of /api/pull: progress, then a last line with status "success" (and the
-    result's fields) or an `error` object."""
+    result's fields) or an `error`. Every line is also one of Ollama's: `status` is always a
+    string, `completed`/`total` integers when present, `digest` when the pull names one."""
 
     model_config = ConfigDict(extra="allow")
     status: str
     file: str | None = None
+    digest: str | None = None
     completed: int | None = None
     total: int | None = None
 
 
 class PullResult(BaseModel):
     model_config = ConfigDict(extra="allow")
+    status: Literal["success"] = Field("success", description="Ollama's last progress line, for `stream: false`")
     name: str
     kind: str
     bytes: int
@@ -342,6 +401,206 @@ class MaintainResult(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+# -- Ollama-compatible API ---------------------------------------------------------------------------
+KeepAlive = float | Annotated[str, Field(max_length=32)]
+
+
+class OllamaOptions(Lenient):
+    """The `options` zenedge honours; others (num_ctx, top_k, repeat_penalty, …) are ignored, as
+    Ollama ignores options its runner does not use."""
+
+    num_predict: Annotated[int, Field(ge=-2, le=MAX_TOKENS)] | None = Field(
+        None, description="tokens to generate; absent, 0, -1 or -2: the default cap (256)")
+    temperature: Annotated[float, Field(ge=0, le=100)] | None = Field(None, description="default 0.8; 0 = greedy")
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = Field(None, description="default 0.9")
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
+    stop: StopStrings | None = None
+
+
+class OllamaGenerationFields(Lenient):
+    model: str = Field(min_length=1, max_length=256, description="a profile or a base (`NAME:latest` = NAME)")
+    stream: bool = Field(True, description="NDJSON lines (Ollama's default); false: one JSON object")
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive | None = Field(
+        None, description='0 drops a profile\'s variant from the delta cache after the request; other values '
+                          '("5m", 300, -1) leave it to the cache\'s policy. The base always stays resident.')
+    format: Any = Field(None, description="structured output is not supported: anything but empty is refused")
+    think: bool | str | None = Field(None, description="thinking is not supported: true is refused")
+
+
+class OllamaMessage(Lenient):
+    role: Literal["system", "user", "assistant"]
+    content: str = ""
+    images: list[str] | None = Field(None, description="refused when not empty: no vision models")
+
+
+class OllamaChatRequest(OllamaGenerationFields):
+    messages: list[OllamaMessage] = Field(default_factory=list, description="empty: load the model and return")
+    tools: list[dict[str, Any]] | None = Field(None, description="refused when not empty")
+
+
+class OllamaGenerateRequest(OllamaGenerationFields):
+    prompt: str = Field("", description="templated as one user turn (unless raw); empty: load the model and return")
+    system: str | None = None
+    raw: bool = Field(False, description="send the prompt as it is, without the chat template")
+    suffix: str | None = Field(None, description="fill-in-the-middle is not supported: refused when not empty")
+    template: str | None = Field(None, description="custom templates are not supported: refused when not empty")
+    context: list[int] | None = Field(None, description="continuing from a context is not supported")
+    images: list[str] | None = Field(None, description="refused when not empty")
+
+
+class OllamaStats(BaseModel):
+    """Counts, and durations in nanoseconds, on the last line of a generation."""
+
+    total_duration: int | None = None
+    load_duration: int | None = Field(None, description="waiting in the queue and loading the base or variant")
+    prompt_eval_count: int | None = None
+    prompt_eval_duration: int | None = None
+    eval_count: int | None = None
+    eval_duration: int | None = None
+
+
+class OllamaReplyMessage(Reply):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class OllamaChatResponse(OllamaStats):
+    """/api/chat: one object, or each NDJSON line of a stream (`done` on the last, with the stats)."""
+
+    model: str
+    created_at: str
+    message: OllamaReplyMessage
+    done: bool
+    done_reason: str | None = Field(None, description="stop, length, cancelled; load or unload for empty requests")
+
+
+class OllamaGenerateResponse(OllamaStats):
+    """/api/generate: one object, or each NDJSON line of a stream."""
+
+    model: str
+    created_at: str
+    response: str
+    done: bool
+    done_reason: str | None = None
+
+
+class OllamaModelDetails(Reply):
+    parent_model: str = Field(description="for a profile, the base it runs on")
+    format: str
+    family: str
+    families: list[str]
+    parameter_size: str
+    quantization_level: str = Field(description="the stored weights' dtype (e.g. F32, BF16)")
+
+
+class OllamaModel(Reply):
+    """An entry of /api/tags: a base or a profile in the pool."""
+
+    name: str
+    model: str
+    modified_at: str
+    size: int = Field(description="bytes on disk: the adapter's for a profile, the weights' for a base")
+    digest: str
+    details: OllamaModelDetails
+    kind: str = Field(description="zenedge's addition: base, lora, bitdelta or merged")
+
+
+class OllamaTags(Reply):
+    models: list[OllamaModel]
+
+
+class OllamaNamed(Lenient):
+    """A request that names a model: `model`, or the older `name`."""
+
+    model: str | None = Field(None, min_length=1, max_length=256)
+    name: str | None = Field(None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _one_name(self) -> "OllamaNamed":
+        if not (self.model or self.name):
+            raise ValueError("name the model as `model`")
+        return self
+
+    @property
+    def target(self) -> str:
+        return self.model or self.name
+
+
+class OllamaShowRequest(OllamaNamed):
+    verbose: bool = False
+
+
+class OllamaShowResponse(Reply):
+    license: str
+    modelfile: str
+    parameters: str
+    template: str = Field(description="the base's chat template")
+    details: OllamaModelDetails
+    model_info: dict[str, Any] = Field(description="general.*, <family>.context_length / embedding_length, and "
+                                                   "zenedge.* (kind, adapter, base) for a profile")
+    capabilities: list[str]
+    modified_at: str
+
+
+class OllamaDeleteRequest(OllamaNamed):
+    pass
+
+
+class OllamaRunningModel(Reply):
+    name: str
+    model: str
+    size: int = Field(description="bytes in memory")
+    digest: str
+    details: OllamaModelDetails
+    expires_at: str | None = Field(None, description="null: held until the cache needs the room (bases: never)")
+    size_vram: int
+    context_length: int
+
+
+class OllamaVersion(Reply):
+    version: str = Field(description="zenedge's version")
+
+
+class OllamaEmbedRequest(Lenient):
+    model: str = Field(min_length=1, max_length=256)
+    input: EmbeddingText | EmbeddingInputs = Field(description='text or texts; "" alone: load the model, no vectors')
+    truncate: bool = Field(True, description="cut inputs longer than the limit (false: refuse them)")
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive | None = None
+
+
+class OllamaEmbedResponse(Reply):
+    model: str
+    embeddings: list[list[float]] = Field(description="unit-length vectors, one per input")
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+
+
+class OllamaEmbeddingsRequest(Lenient):
+    """The older /api/embeddings (what Hanzo/Shinkai nodes send): one prompt, one vector."""
+
+    model: str = Field(min_length=1, max_length=256)
+    prompt: EmbeddingText = ""
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive | None = None
+
+
+class OllamaEmbeddingsResponse(Reply):
+    embedding: list[float] = Field(description="unit-length (Ollama's own is not normalised here); [] for an "
+                                               "empty prompt")
+
+
+class OllamaError(BaseModel):
+    """The error body of the Ollama-compatible routes."""
+
+    error: str
+
+
+Ps.model_rebuild()
+
 # Schemas that travel inside streams (SSE / NDJSON) rather than as whole bodies: the OpenAPI export
 # adds them to components so the generated client types include them.
-STREAMED = (ChatCompletionChunk, PullProgress, ErrorBody)
+STREAMED = (ChatCompletionChunk, PullProgress, ErrorBody, OllamaChatResponse, OllamaGenerateResponse, OllamaError)

@@ -6,7 +6,8 @@ from fastapi import FastAPI
 
 from zenedge import __version__
 from zenedge.api import wire
-from zenedge.server import errors, native_routes, openai_routes
+from zenedge.runtime.embed import Embedder
+from zenedge.server import errors, native_routes, ollama_routes, openai_routes
 from zenedge.server.maintenance import Maintenance
 from zenedge.server.security import BodyLimit, LocalOnly, TokenAuth
 from zenedge.server.state import DaemonState
@@ -21,10 +22,12 @@ def create_app(state: DaemonState, maintenance: Maintenance) -> FastAPI:
     settings = state.settings
     app = FastAPI(title="zenedge", version=__version__, docs_url=None, redoc_url=None,
                   responses=ERROR_RESPONSES,
-                  description="Local daemon for families of fine-tuned LLM variants: OpenAI-compatible /v1 "
-                              "and native /api endpoints. See desktop/README.md.")
+                  description="Local daemon for families of fine-tuned LLM variants: OpenAI-compatible /v1, "
+                              "native /api and Ollama-compatible /api endpoints. See desktop/README.md.")
+    embedder = Embedder(state.engine)  # one per daemon: its embedding batches run one at a time
     app.include_router(native_routes.router(state, maintenance))
-    app.include_router(openai_routes.router(state))
+    app.include_router(openai_routes.router(state, embedder))
+    app.include_router(ollama_routes.router(state, embedder))
     errors.install(app)
     # add_middleware wraps: the last one added runs first. Order of checks: Host/Origin, token, size.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

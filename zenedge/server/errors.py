@@ -10,7 +10,7 @@ the daemon's log and never in the response.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from zenedge.errors import Conflict, InvalidInput, NotFound, Unavailable, ZenedgeError
 
@@ -70,8 +70,9 @@ def payload(exc: ZenedgeError) -> dict[str, Any]:
     return {"error": detail}
 
 
-def response(exc: BaseException):
-    """The HTTP response for any exception (unexpected ones are logged, not shown)."""
+def response(exc: BaseException, shape: Callable[[ZenedgeError], dict[str, Any]] = payload):
+    """The HTTP response for any exception (unexpected ones are logged, not shown). `shape`: the
+    body's form (the Ollama-compatible routes answer `{"error": "message"}`)."""
     from starlette.responses import JSONResponse  # here, so that the error classes stay importable cheaply
 
     if not isinstance(exc, ZenedgeError):
@@ -82,7 +83,7 @@ def response(exc: BaseException):
         headers["Retry-After"] = str(exc.retry_after)
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(payload(exc), status_code=exc.http_status, headers=headers)
+    return JSONResponse(shape(exc), status_code=exc.http_status, headers=headers)
 
 
 def stream_payload(exc: BaseException) -> dict[str, Any]:
@@ -91,6 +92,14 @@ def stream_payload(exc: BaseException) -> dict[str, Any]:
         log.error("unexpected error while streaming", exc_info=exc)
         exc = ZenedgeError("internal error in the zenedge daemon (details are in its log)")
     return payload(exc)
+
+
+def validation_error(errors: list[dict[str, Any]]) -> InvalidInput:
+    """FastAPI's validation errors → MalformedJSON (400) or InvalidRequest (422), with a short description."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        ctx = next((e.get("ctx") or {} for e in errors if e.get("type") == "json_invalid"), {})
+        return MalformedJSON(f"malformed JSON body: {ctx.get('error', 'cannot parse')}")
+    return InvalidRequest(f"invalid request: {_describe_validation(errors)}")
 
 
 def _describe_validation(errors: list[dict[str, Any]]) -> str:
@@ -112,11 +121,7 @@ def install(app) -> None:
         return response(exc)
 
     async def on_validation_error(request, exc: RequestValidationError):
-        errors = list(exc.errors())
-        if any(e.get("type") == "json_invalid" for e in errors):
-            ctx = next((e.get("ctx") or {} for e in errors if e.get("type") == "json_invalid"), {})
-            return response(MalformedJSON(f"malformed JSON body: {ctx.get('error', 'cannot parse')}"))
-        return response(InvalidRequest(f"invalid request: {_describe_validation(errors)}"))
+        return response(validation_error(list(exc.errors())))
 
     async def on_http_error(request, exc: HTTPException):
         if exc.status_code == 404:

@@ -2,6 +2,11 @@
 
 Pool changes go through the same functions the CLI uses (Store, policy, registry.pull, maintain),
 in a thread, and are followed by `sync_cache` so a removed or merged-away variant leaves memory too.
+
+/api/pull and /api/ps are also Ollama's paths, and serve both shapes in one body: every pull
+progress line is also an Ollama progress line (`status`, integer `completed`/`total`, `digest`),
+and /api/ps adds Ollama's `models` list to zenedge's fields. A pull that names `model` (Ollama's
+field) rather than `name` gets its errors in Ollama's shape too.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from starlette.concurrency import run_in_threadpool
 
 from zenedge import policy
 from zenedge.api import wire
-from zenedge.server import errors, streaming
+from zenedge.errors import ZenedgeError
+from zenedge.server import errors, ollama_models, ollama_routes, streaming
 from zenedge.server.maintenance import Maintenance, optional
 from zenedge.server.state import DaemonState
 
@@ -36,7 +42,8 @@ def router(state: DaemonState, maintenance: Maintenance) -> APIRouter:
 
     @api.get("/api/ps", response_model=wire.Ps)
     async def ps() -> dict:
-        return {**state.engine.ps(), "scheduler": state.scheduler.stats(),
+        running = await run_in_threadpool(ollama_models.running, state.store, state.engine)
+        return {"models": running, **state.engine.ps(), "scheduler": state.scheduler.stats(),
                 "rss_bytes": psutil.Process().memory_info().rss, "uptime_seconds": state.uptime}
 
     @api.post("/api/rm", response_model=wire.RmResult)
@@ -73,25 +80,52 @@ def router(state: DaemonState, maintenance: Maintenance) -> APIRouter:
 
     @api.post("/api/pull", response_model=wire.PullResult, responses=NDJSON_DOC)
     async def pull(body: wire.PullRequest):
-        pull_fn = optional("zenedge.registry.pull", "pull", "pulling from a registry")
-        if not body.stream:
-            result = await run_in_threadpool(lambda: pull_fn(state.store, state.cfg, body.name, engine=state.engine))
-            await run_in_threadpool(state.sync_cache)
-            return result
-        return await _streamed_pull(state, pull_fn, body.name)
+        ollama = body.model is not None
+        name = ollama_routes.model_name(body.model) if ollama else body.name
+        try:
+            pull_fn = optional("zenedge.registry.pull", "pull", "pulling from a registry")
+            if not body.stream:
+                result = await run_in_threadpool(lambda: pull_fn(state.store, state.cfg, name, engine=state.engine))
+                await run_in_threadpool(state.sync_cache)
+                return {**result, "status": "success"}
+            error_line = ollama_routes.error_line if ollama else errors.stream_payload
+            return await _streamed_pull(state, pull_fn, name, error_line)
+        except ZenedgeError as exc:
+            if ollama:
+                return ollama_routes.error_response(exc)
+            raise
 
     return api
 
 
-async def _streamed_pull(state: DaemonState, pull_fn, name: str):
+def progress_line(update: dict[str, Any]) -> dict[str, Any]:
+    """A pull's progress dict, passed through whole, made a valid Ollama progress line as well:
+    `status` a string, `completed`/`total` integers (dropped when not numbers), `digest` from a
+    `sha256` the update names."""
+    line = dict(update)
+    line["status"] = str(line.get("status") or line.get("phase") or "working")
+    for key in ("completed", "total"):
+        value = line.get(key)
+        if value is None or isinstance(value, int) and not isinstance(value, bool):
+            continue
+        if isinstance(value, float):
+            line[key] = int(value)
+        else:
+            del line[key]
+    if "digest" not in line and isinstance(line.get("sha256"), str):
+        line["digest"] = f"sha256:{line['sha256']}"
+    return line
+
+
+async def _streamed_pull(state: DaemonState, pull_fn, name: str, error_line):
     """Run the pull in a thread; its progress callbacks become NDJSON lines. An error before the
-    first progress line is an ordinary HTTP error; after it, a last `{"error": ...}` line."""
+    first progress line is an ordinary HTTP error; after it, a last `error_line(exc)` line."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
     def progress(update: dict[str, Any]) -> None:
         if update.get("status") != "success":  # the last line says success, with the whole result
-            loop.call_soon_threadsafe(events.put_nowait, ("progress", dict(update)))
+            loop.call_soon_threadsafe(events.put_nowait, ("progress", progress_line(update)))
 
     def run() -> None:
         try:
@@ -122,10 +156,10 @@ async def _streamed_pull(state: DaemonState, pull_fn, name: str):
             if what == "progress":
                 yield streaming.ndjson(data)
             elif what == "done":
-                yield streaming.ndjson({"status": "success", **data})
+                yield streaming.ndjson(progress_line({**data, "status": "success"}))
                 return
             else:
-                yield streaming.ndjson(errors.stream_payload(data))
+                yield streaming.ndjson(error_line(data))
                 return
             current = await events.get()
 

@@ -1,13 +1,15 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions.
+"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings.
 
 `model` is a profile in the pool or a base name. Sampling follows OpenAI's defaults (temperature 1,
 top_p 1); `max_completion_tokens` wins over `max_tokens`. Streams are server-sent events ending
 with `data: [DONE]`; with `stream_options.include_usage` a last chunk without choices carries the
-usage, as OpenAI sends it.
+usage, as OpenAI sends it. Embeddings are unit vectors from the resident base with the profile's
+variant applied (runtime/embed.py), as floats or, as OpenAI's SDKs ask by default, base64.
 """
 
 from __future__ import annotations
 
+import base64
 import secrets
 import time
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from zenedge.api import wire
+from zenedge.runtime.embed import Embedder
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
 from zenedge.server import errors, streaming
@@ -49,7 +52,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
                       total_tokens=prompt_tokens + completion_tokens)
 
 
-def router(state: DaemonState) -> APIRouter:
+def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     api = APIRouter(prefix="/v1", tags=["openai"])
 
     async def submit(request: Request, model: str, prompt: Prompt, params: SamplingParams) -> tuple[Job, int]:
@@ -90,7 +93,25 @@ def router(state: DaemonState) -> APIRouter:
         return wire.Completion(id=ident, created=created, model=body.model, choices=[choice],
                                usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
 
+    @api.post("/embeddings", response_model=wire.EmbeddingList)
+    async def embeddings(body: wire.EmbeddingRequest) -> wire.EmbeddingList:
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        route = await run_in_threadpool(state.route, body.model)
+        result = await run_in_threadpool(lambda: embedder.embed(route, texts, dimensions=body.dimensions))
+        data = [wire.Embedding(index=i, embedding=_encoded(vector, body.encoding_format))
+                for i, vector in enumerate(result.vectors)]
+        tokens = sum(result.token_counts)
+        return wire.EmbeddingList(data=data, model=body.model,
+                                  usage=wire.EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
+
     return api
+
+
+def _encoded(vector, encoding: str) -> list[float] | str:
+    """A float32 vector as JSON floats, or base64 of its little-endian bytes (OpenAI's format)."""
+    if encoding == "base64":
+        return base64.b64encode(vector.numpy().astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
 
 
 def _include_usage(body: wire.SamplingFields) -> bool:

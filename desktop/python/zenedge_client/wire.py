@@ -183,6 +183,46 @@ class CompletionRequest(_CompletionRequestRequired, total=False):
     n: Union[Literal[1], None]
 
 
+class _EmbeddingRequired(TypedDict):
+    object: Literal['embedding']
+    index: int
+    embedding: Union[List[float], str]
+
+
+class Embedding(_EmbeddingRequired, total=False):
+    pass
+
+
+class _EmbeddingListRequired(TypedDict):
+    object: Literal['list']
+    data: List["Embedding"]
+    model: str
+    usage: "EmbeddingUsage"
+
+
+class EmbeddingList(_EmbeddingListRequired, total=False):
+    pass
+
+
+class _EmbeddingRequestRequired(TypedDict):
+    model: str
+    input: Union[str, List[str]]
+
+
+class EmbeddingRequest(_EmbeddingRequestRequired, total=False):
+    encoding_format: Literal['float', 'base64']
+    dimensions: Union[int, None]
+
+
+class _EmbeddingUsageRequired(TypedDict):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingUsage(_EmbeddingUsageRequired, total=False):
+    pass
+
+
 class _ErrorBodyRequired(TypedDict):
     error: "ErrorDetail"
 
@@ -266,6 +306,250 @@ class ModelList(_ModelListRequired, total=False):
     pass
 
 
+class _OllamaChatRequestRequired(TypedDict):
+    model: str
+
+
+class OllamaChatRequest(_OllamaChatRequestRequired, total=False):
+    stream: bool
+    options: Union["OllamaOptions", None]
+    keep_alive: Union[float, str, None]
+    format: Any
+    think: Union[bool, str, None]
+    messages: List["OllamaMessage"]
+    tools: Union[List[Dict[str, Any]], None]
+
+
+class _OllamaChatResponseRequired(TypedDict):
+    """/api/chat: one object, or each NDJSON line of a stream (`done` on the last, with the stats)."""
+    model: str
+    created_at: str
+    message: "OllamaReplyMessage"
+    done: bool
+
+
+class OllamaChatResponse(_OllamaChatResponseRequired, total=False):
+    total_duration: Union[int, None]
+    load_duration: Union[int, None]
+    prompt_eval_count: Union[int, None]
+    prompt_eval_duration: Union[int, None]
+    eval_count: Union[int, None]
+    eval_duration: Union[int, None]
+    done_reason: Union[str, None]
+
+
+class _OllamaDeleteRequestRequired(TypedDict):
+    pass
+
+
+class OllamaDeleteRequest(_OllamaDeleteRequestRequired, total=False):
+    model: Union[str, None]
+    name: Union[str, None]
+
+
+class _OllamaEmbedRequestRequired(TypedDict):
+    model: str
+    input: Union[str, List[str]]
+
+
+class OllamaEmbedRequest(_OllamaEmbedRequestRequired, total=False):
+    truncate: bool
+    dimensions: Union[int, None]
+    options: Union["OllamaOptions", None]
+    keep_alive: Union[float, str, None]
+
+
+class _OllamaEmbedResponseRequired(TypedDict):
+    model: str
+    embeddings: List[List[float]]
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+
+
+class OllamaEmbedResponse(_OllamaEmbedResponseRequired, total=False):
+    pass
+
+
+class _OllamaEmbeddingsRequestRequired(TypedDict):
+    """The older /api/embeddings (what Hanzo/Shinkai nodes send): one prompt, one vector."""
+    model: str
+
+
+class OllamaEmbeddingsRequest(_OllamaEmbeddingsRequestRequired, total=False):
+    prompt: str
+    options: Union["OllamaOptions", None]
+    keep_alive: Union[float, str, None]
+
+
+class _OllamaEmbeddingsResponseRequired(TypedDict):
+    embedding: List[float]
+
+
+class OllamaEmbeddingsResponse(_OllamaEmbeddingsResponseRequired, total=False):
+    pass
+
+
+class _OllamaErrorRequired(TypedDict):
+    """The error body of the Ollama-compatible routes."""
+    error: str
+
+
+class OllamaError(_OllamaErrorRequired, total=False):
+    pass
+
+
+class _OllamaGenerateRequestRequired(TypedDict):
+    model: str
+
+
+class OllamaGenerateRequest(_OllamaGenerateRequestRequired, total=False):
+    stream: bool
+    options: Union["OllamaOptions", None]
+    keep_alive: Union[float, str, None]
+    format: Any
+    think: Union[bool, str, None]
+    prompt: str
+    system: Union[str, None]
+    raw: bool
+    suffix: Union[str, None]
+    template: Union[str, None]
+    context: Union[List[int], None]
+    images: Union[List[str], None]
+
+
+class _OllamaGenerateResponseRequired(TypedDict):
+    """/api/generate: one object, or each NDJSON line of a stream."""
+    model: str
+    created_at: str
+    response: str
+    done: bool
+
+
+class OllamaGenerateResponse(_OllamaGenerateResponseRequired, total=False):
+    total_duration: Union[int, None]
+    load_duration: Union[int, None]
+    prompt_eval_count: Union[int, None]
+    prompt_eval_duration: Union[int, None]
+    eval_count: Union[int, None]
+    eval_duration: Union[int, None]
+    done_reason: Union[str, None]
+
+
+class _OllamaMessageRequired(TypedDict):
+    role: Literal['system', 'user', 'assistant']
+
+
+class OllamaMessage(_OllamaMessageRequired, total=False):
+    content: str
+    images: Union[List[str], None]
+
+
+class _OllamaModelRequired(TypedDict):
+    """An entry of /api/tags: a base or a profile in the pool."""
+    name: str
+    model: str
+    modified_at: str
+    size: int
+    digest: str
+    details: "OllamaModelDetails"
+    kind: str
+
+
+class OllamaModel(_OllamaModelRequired, total=False):
+    pass
+
+
+class _OllamaModelDetailsRequired(TypedDict):
+    parent_model: str
+    format: str
+    family: str
+    families: List[str]
+    parameter_size: str
+    quantization_level: str
+
+
+class OllamaModelDetails(_OllamaModelDetailsRequired, total=False):
+    pass
+
+
+class _OllamaOptionsRequired(TypedDict):
+    """The `options` zenedge honours; others (num_ctx, top_k, repeat_penalty, …) are ignored, as Ollama ignores options its runner does not use."""
+
+
+class OllamaOptions(_OllamaOptionsRequired, total=False):
+    num_predict: Union[int, None]
+    temperature: Union[float, None]
+    top_p: Union[float, None]
+    seed: Union[int, None]
+    stop: Union[List[str], None]
+
+
+class _OllamaReplyMessageRequired(TypedDict):
+    role: Literal['assistant']
+    content: str
+
+
+class OllamaReplyMessage(_OllamaReplyMessageRequired, total=False):
+    pass
+
+
+class _OllamaRunningModelRequired(TypedDict):
+    name: str
+    model: str
+    size: int
+    digest: str
+    details: "OllamaModelDetails"
+    expires_at: Union[str, None]
+    size_vram: int
+    context_length: int
+
+
+class OllamaRunningModel(_OllamaRunningModelRequired, total=False):
+    pass
+
+
+class _OllamaShowRequestRequired(TypedDict):
+    pass
+
+
+class OllamaShowRequest(_OllamaShowRequestRequired, total=False):
+    model: Union[str, None]
+    name: Union[str, None]
+    verbose: bool
+
+
+class _OllamaShowResponseRequired(TypedDict):
+    license: str
+    modelfile: str
+    parameters: str
+    template: str
+    details: "OllamaModelDetails"
+    model_info: Dict[str, Any]
+    capabilities: List[str]
+    modified_at: str
+
+
+class OllamaShowResponse(_OllamaShowResponseRequired, total=False):
+    pass
+
+
+class _OllamaTagsRequired(TypedDict):
+    models: List["OllamaModel"]
+
+
+class OllamaTags(_OllamaTagsRequired, total=False):
+    pass
+
+
+class _OllamaVersionRequired(TypedDict):
+    version: str
+
+
+class OllamaVersion(_OllamaVersionRequired, total=False):
+    pass
+
+
 class _PoolEntryRequired(TypedDict):
     name: str
     kind: str
@@ -320,6 +604,8 @@ class PoolStatus(_PoolStatusRequired, total=False):
 
 
 class _PsRequired(TypedDict):
+    """zenedge's view of memory, plus Ollama's `models` list (what GET /api/ps answers Ollama clients)."""
+    models: List["OllamaRunningModel"]
     device: str
     dtype: str
     bases: List["ResidentBase"]
@@ -337,22 +623,26 @@ class Ps(_PsRequired, total=False):
 
 
 class _PullProgressRequired(TypedDict):
-    """One NDJSON line of /api/pull: progress, then a last line with status "success" (and the result's fields) or an `error` object."""
+    """One NDJSON line of /api/pull: progress, then a last line with status "success" (and the result's fields) or an `error`. Every line is also one of Ollama's: `status` is always a string, `completed`/`total` integers when present, `digest` when the pull names one."""
     status: str
 
 
 class PullProgress(_PullProgressRequired, total=False):
     file: Union[str, None]
+    digest: Union[str, None]
     completed: Union[int, None]
     total: Union[int, None]
 
 
 class _PullRequestRequired(TypedDict):
-    name: str
+    """zenedge sends `name`; Ollama's clients send `model` (and `insecure`). One of the two."""
 
 
 class PullRequest(_PullRequestRequired, total=False):
+    name: Union[str, None]
+    model: Union[str, None]
     stream: bool
+    insecure: bool
 
 
 class _PullResultRequired(TypedDict):
@@ -363,7 +653,7 @@ class _PullResultRequired(TypedDict):
 
 
 class PullResult(_PullResultRequired, total=False):
-    pass
+    status: Literal['success']
 
 
 class _ResidentBaseRequired(TypedDict):

@@ -1,0 +1,352 @@
+"""Ollama-compatible endpoints, so that clients written for Ollama (its official libraries, the
+node inside Hanzo Desktop, …) work against zenedge unchanged: /api/tags, /api/show, /api/version,
+/api/chat, /api/generate, /api/embed, /api/embeddings, /api/delete. (/api/pull and /api/ps are
+shared with the native API: native_routes.py answers both shapes in one body.)
+
+The mapping:
+- `model` is a profile or a base, as on /v1; `NAME:latest` means NAME (zenedge names have no tags).
+- Generation goes through the same scheduler as /v1 (batching, cancellation, queue limits).
+  `options`: num_predict → max tokens (absent or ≤ 0: the /v1 default, 256, where Ollama would run
+  to the end of the context), temperature and top_p (Ollama's defaults 0.8 and 0.9), seed, stop.
+- `keep_alive: 0` drops the profile's variant from the delta cache when the request ends; other
+  values leave it to the cache's own policy (rate-weighted LRU). The base always stays resident.
+- An empty prompt (or no messages, or an empty embedding input) loads the model and returns
+  (`done_reason: "load"`; with keep_alive 0, `"unload"`), as Ollama does.
+- What zenedge cannot honour (images, tools, structured `format`, thinking, suffix, custom
+  templates, a `context` to continue) is refused with a 400 rather than silently ignored.
+- Streams are NDJSON, Ollama's default. Errors are Ollama's `{"error": "message"}` with the
+  daemon's statuses (400 bad request, 404 unknown model, 503 queue full); the security middleware's
+  own refusals (401, 403, 413) keep zenedge's body, as on every route.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from zenedge import __version__, bases
+from zenedge.api import wire
+from zenedge.errors import AdapterNotFound, InvalidInput, InvalidName, ZenedgeError
+from zenedge.runtime.embed import Embedder
+from zenedge.runtime.engine import Prompt
+from zenedge.runtime.generate import SamplingParams
+from zenedge.runtime.router import Route
+from zenedge.server import errors, ollama_models, streaming
+from zenedge.server.openai_routes import DEFAULT_MAX_TOKENS
+from zenedge.server.scheduler import Job
+from zenedge.server.state import DaemonState
+
+TEMPERATURE, TOP_P = 0.8, 0.9  # Ollama's defaults
+NDJSON = "application/x-ndjson"
+ERRORS = {status: {"model": wire.OllamaError, "description": what} for status, what in {
+    400: "malformed or invalid request, or a feature zenedge does not support", 404: "unknown model",
+    422: "not sent: a body that does not fit the schema is a 400 here, as in Ollama",
+    503: "queue full (see Retry-After) or shutting down"}.items()}
+
+
+def _text(message: str, hint: str | None) -> str:
+    return f"{message} ({hint})" if hint else message
+
+
+def error_body(exc: ZenedgeError) -> dict[str, str]:
+    """Ollama's error body: one string."""
+    return {"error": _text(exc.message, exc.hint)}
+
+
+def error_response(exc: BaseException) -> Response:
+    return errors.response(exc, shape=error_body)
+
+
+def error_line(exc: BaseException) -> dict[str, str]:
+    """A failure after a stream began: a last line `{"error": ...}`, as Ollama sends it."""
+    detail = errors.stream_payload(exc)["error"]  # logs an unexpected error, never shows it
+    return {"error": _text(detail["message"], detail.get("hint"))}
+
+
+class OllamaRoute(APIRoute):
+    """A route whose errors come in Ollama's shape. A body that does not fit the schema is a 400
+    (Ollama's status) where the native routes say 422."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                problem = errors.validation_error(list(exc.errors()))
+                return error_response(problem if problem.http_status == 400 else InvalidInput(problem.message))
+            except streaming.ClientGone:
+                raise
+            except Exception as exc:
+                return error_response(exc)
+
+        return handle
+
+
+def model_name(name: str) -> str:
+    return name.removesuffix(":latest")
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION = re.compile(rf"[-+]?(?:{_DURATION_PART.pattern})+")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """Ollama's keep_alive: seconds as a number, or a Go duration ("5m", "1h30m", "0", "-1")."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if not _DURATION.fullmatch(text):
+        raise InvalidInput(f"keep_alive {value[:32]!r} is not a duration", hint='e.g. "5m", 300, 0 or -1')
+    seconds = sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
+    return -seconds if text.startswith("-") else seconds
+
+
+def sampling(options: wire.OllamaOptions | None) -> SamplingParams:
+    o = options or wire.OllamaOptions()
+    return SamplingParams(
+        max_tokens=o.num_predict if o.num_predict and o.num_predict > 0 else DEFAULT_MAX_TOKENS,
+        temperature=TEMPERATURE if o.temperature is None else o.temperature,
+        top_p=TOP_P if o.top_p is None else o.top_p,
+        seed=o.seed,
+        stop=tuple(o.stop or ()),
+    )
+
+
+def refuse_unsupported(body: wire.OllamaGenerationFields, **fields: Any) -> None:
+    """What zenedge cannot honour is an error, not an answer to a different question."""
+    if body.format not in (None, ""):
+        raise InvalidInput("format (structured output) is not supported by zenedge")
+    if body.think not in (None, False):
+        raise InvalidInput(f"{body.model[:80]!r} does not support thinking")
+    for what, value in fields.items():
+        if value:
+            raise InvalidInput(f"`{what}` is not supported by zenedge")
+
+
+def now() -> str:
+    return ollama_models.timestamp(time.time())
+
+
+@dataclass
+class Timings:
+    """One request's counts and durations in nanoseconds, as Ollama reports them."""
+
+    begun: int = field(default_factory=time.perf_counter_ns)
+    started: int = 0       # the job left the queue (base and variant loaded, prompt encoded)
+    first: int = 0         # the first token came back (prompt evaluated)
+    ended: int = 0
+    prompt_tokens: int = 0
+    tokens: int = 0
+
+    def stats(self) -> dict[str, int]:
+        end = self.ended or time.perf_counter_ns()
+        started = self.started or end
+        first = self.first or end
+        return {"total_duration": end - self.begun, "load_duration": started - self.begun,
+                "prompt_eval_count": self.prompt_tokens, "prompt_eval_duration": first - started,
+                "eval_count": self.tokens, "eval_duration": end - first}
+
+
+@dataclass
+class Framing:
+    """The lines of /api/chat (`message`) or /api/generate (`response`)."""
+
+    model: str
+    chat: bool
+
+    def line(self, text: str, done: bool = False, **extra: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "created_at": now()}
+        if self.chat:
+            body["message"] = {"role": "assistant", "content": text}
+        else:
+            body["response"] = text
+        return {**body, "done": done, **extra}
+
+
+def ndjson_doc(line: str) -> dict:
+    return {200: {"description": f"one {line}; with `stream: true` (the default), NDJSON lines of {line}, the "
+                                 f"last with `done: true` and the stats (or an OllamaError line)",
+                  "content": {NDJSON: {"schema": {"$ref": f"#/components/schemas/{line}"}}}}}
+
+
+def router(state: DaemonState, embedder: Embedder) -> APIRouter:
+    api = APIRouter(tags=["ollama"], route_class=OllamaRoute, responses=ERRORS)
+
+    async def route_of(model: str) -> Route:
+        return await run_in_threadpool(state.route, model_name(model))
+
+    @api.get("/api/version", response_model=wire.OllamaVersion)
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @api.get("/api/tags", response_model=wire.OllamaTags)
+    async def tags() -> dict:
+        return {"models": await run_in_threadpool(ollama_models.tags, state.store)}
+
+    @api.post("/api/show", response_model=wire.OllamaShowResponse)
+    async def show(body: wire.OllamaShowRequest) -> dict:
+        return await run_in_threadpool(ollama_models.show, state.store, model_name(body.target))
+
+    @api.delete("/api/delete", responses={200: {"description": "removed (an empty body, as Ollama answers)"}})
+    async def delete(body: wire.OllamaDeleteRequest) -> Response:
+        await run_in_threadpool(_delete, state, model_name(body.target))
+        return Response(status_code=200)
+
+    @api.post("/api/chat", response_model=wire.OllamaChatResponse, response_model_exclude_none=True,
+              responses=ndjson_doc("OllamaChatResponse"))
+    async def chat(body: wire.OllamaChatRequest, request: Request):
+        refuse_unsupported(body, tools=body.tools, images=any(m.images for m in body.messages))
+        framing = Framing(body.model, chat=True)
+        if not body.messages:
+            reason = await _warm(state, await route_of(body.model), body.keep_alive)
+            return framing.line("", done=True, done_reason=reason)
+        prompt = Prompt(messages=[{"role": m.role, "content": m.content} for m in body.messages])
+        return await _generate(state, request, body, prompt, framing)
+
+    @api.post("/api/generate", response_model=wire.OllamaGenerateResponse, response_model_exclude_none=True,
+              responses=ndjson_doc("OllamaGenerateResponse"))
+    async def generate(body: wire.OllamaGenerateRequest, request: Request):
+        refuse_unsupported(body, images=body.images, suffix=body.suffix, template=body.template,
+                           context=body.context)
+        framing = Framing(body.model, chat=False)
+        if not body.prompt:
+            reason = await _warm(state, await route_of(body.model), body.keep_alive)
+            return framing.line("", done=True, done_reason=reason)
+        if body.raw:
+            prompt = Prompt(text=body.prompt)
+        else:
+            system = [{"role": "system", "content": body.system}] if body.system else []
+            prompt = Prompt(messages=[*system, {"role": "user", "content": body.prompt}])
+        return await _generate(state, request, body, prompt, framing)
+
+    @api.post("/api/embed", response_model=wire.OllamaEmbedResponse)
+    async def embed(body: wire.OllamaEmbedRequest) -> dict:
+        timings = Timings()
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        route = await route_of(body.model)
+        if texts == [""]:  # Ollama's way to load a model without embedding anything
+            await _warm(state, route, body.keep_alive)
+            return {"model": body.model, "embeddings": [], "prompt_eval_count": 0, **_durations(timings)}
+        result = await _embed(state, embedder, route, texts, body.keep_alive, truncate=body.truncate,
+                              dimensions=body.dimensions)
+        return {"model": body.model, "embeddings": result.vectors.tolist(),
+                "prompt_eval_count": sum(result.token_counts), **_durations(timings, result.load_ns)}
+
+    @api.post("/api/embeddings", response_model=wire.OllamaEmbeddingsResponse)
+    async def embeddings(body: wire.OllamaEmbeddingsRequest) -> dict:
+        route = await route_of(body.model)
+        if not body.prompt:
+            await _warm(state, route, body.keep_alive)
+            return {"embedding": []}
+        result = await _embed(state, embedder, route, [body.prompt], body.keep_alive, truncate=True)
+        return {"embedding": result.vectors[0].tolist()}
+
+    return api
+
+
+def _delete(state: DaemonState, name: str) -> None:
+    if state.store.base(name) or bases.find_base(state.store, name):
+        raise InvalidInput(f"{name!r} is a base model: only profiles are deleted through the API")
+    try:
+        state.store.remove_name(name)
+    except InvalidName:
+        raise AdapterNotFound(f"model {name[:80]!r} not found") from None
+    state.sync_cache()
+
+
+def _release(state: DaemonState, route: Route, keep_alive: float | str | None) -> None:
+    """keep_alive 0: the profile's variant leaves the delta cache now (a batch still using it keeps
+    its own reference). The base stays resident whatever keep_alive says."""
+    if route.adapter is not None and keep_alive_seconds(keep_alive) == 0:
+        state.engine.cache.drop(route.adapter["id"])
+
+
+async def _warm(state: DaemonState, route: Route, keep_alive: float | str | None) -> str:
+    """An empty request: load the base and the variant ("load"), or with keep_alive 0 drop the
+    variant ("unload")."""
+    if keep_alive_seconds(keep_alive) == 0:
+        _release(state, route, keep_alive)
+        return "unload"
+    await run_in_threadpool(lambda: (state.engine.resident(route.base), state.engine.variant(route)))
+    return "load"
+
+
+async def _embed(state: DaemonState, embedder: Embedder, route: Route, texts: list[str],
+                 keep_alive: float | str | None, **options: Any):
+    keep_alive_seconds(keep_alive)  # a malformed keep_alive is refused before any work
+    try:
+        return await run_in_threadpool(lambda: embedder.embed(route, texts, **options))
+    finally:
+        _release(state, route, keep_alive)
+
+
+def _durations(timings: Timings, load_ns: int = 0) -> dict[str, int]:
+    return {"total_duration": time.perf_counter_ns() - timings.begun, "load_duration": load_ns}
+
+
+async def _generate(state: DaemonState, request: Request, body: wire.OllamaGenerationFields, prompt: Prompt,
+                    framing: Framing):
+    """Submit to the scheduler, wait for the start (so that early errors keep their HTTP status),
+    then stream NDJSON or collect one answer."""
+    params = sampling(body.options)
+    keep_alive_seconds(body.keep_alive)
+    timings = Timings()
+    route = await run_in_threadpool(state.route, model_name(body.model))
+    job = state.scheduler.submit(route, prompt, params)
+    timings.prompt_tokens = await streaming.started(request, job)
+    timings.started = time.perf_counter_ns()
+    if body.stream:
+        def close() -> None:
+            job.cancel()
+            _release(state, route, body.keep_alive)
+
+        return streaming.JobStreamingResponse(_lines(job, timings, framing), on_close=close, media_type=NDJSON)
+    parts, reason = [], "stop"
+    try:
+        async with streaming.cancel_on_disconnect(request, job):
+            async for delta in _timed(job, timings):
+                parts.append(delta.text)
+                reason = delta.finish_reason or reason
+    finally:
+        _release(state, route, body.keep_alive)
+    return framing.line("".join(parts), done=True, done_reason=reason, **timings.stats())
+
+
+async def _timed(job: Job, timings: Timings):
+    async for delta in streaming.deltas(job):
+        timings.first = timings.first or time.perf_counter_ns()
+        timings.tokens += delta.token_id is not None
+        if delta.finish_reason:
+            timings.ended = time.perf_counter_ns()
+        yield delta
+
+
+async def _lines(job: Job, timings: Timings, framing: Framing) -> AsyncIterator[bytes]:
+    """A line per piece of text, then a last line with `done`, the reason and the stats; a failure
+    mid-stream is one error line."""
+    reason = "stop"
+    try:
+        async for delta in _timed(job, timings):
+            if delta.text:
+                yield streaming.ndjson(framing.line(delta.text))
+            reason = delta.finish_reason or reason
+        yield streaming.ndjson(framing.line("", done=True, done_reason=reason, **timings.stats()))
+    except streaming.ClientGone:
+        return
+    except Exception as exc:
+        yield streaming.ndjson(error_line(exc))
