@@ -41,6 +41,20 @@ def tiny_base_dir(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def real_base_dir(tmp_path_factory):
+    """The real default base converted to a Hugging Face directory, once per test session (~20 s)."""
+    from zenedge import bases
+
+    try:
+        gguf = bases.default_base_gguf()
+    except Exception as exc:  # the README's set-up installs it; say so instead of erroring obscurely
+        pytest.fail(f"the default base is not installed: {exc}")
+    out = tmp_path_factory.mktemp("smollm2") / "hf"
+    bases.convert_gguf(gguf, out)
+    return out
+
+
 def tiny_tokenizer():
     """A character-level tokenizer with a ChatML template: enough to exercise chat encoding,
     incremental detokenisation and stop strings without any downloaded vocabulary."""

