@@ -93,3 +93,42 @@ def test_pool_check_exits_1_when_the_pool_is_inconsistent(isolated_home, tiny_ba
     blob.unlink()
     result = run_cli("pool", "check")
     assert result.returncode == 1 and "missing blob" in result.stdout
+
+
+def one_error_line(result, code: int) -> str:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_usage_errors_are_one_line_with_exit_2(isolated_home):
+    """Regression: click printed usage, a hint and the error on three lines."""
+    assert "--bogus" in one_error_line(run_cli("list", "--bogus"), 2)
+    assert "NAME" in one_error_line(run_cli("rm"), 2)
+    line = one_error_line(run_cli("pool", "nope"), 2)
+    assert "nope" in line and "zenedge pool --help" in line
+    assert "SIZE" in one_error_line(run_cli("budget", "set"), 2)
+
+
+def test_an_export_that_cannot_be_written_is_one_line(isolated_home, tiny_base_dir, lora_factory, tmp_path):
+    """Regression: `export /proc/zz writer` ended in a FileNotFoundError traceback."""
+    setup_base(isolated_home, tiny_base_dir)
+    run_cli("import", str(lora_factory(seed=3)), "--name", "writer", "--base", "tiny", check=True)
+    assert "/proc/zz" in one_error_line(run_cli("export", "/proc/zz", "writer"), 1)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    assert str(blocked) in one_error_line(run_cli("export", str(blocked / "out"), "writer"), 1)
+    # an unknown name is refused before anything is written
+    one_error_line(run_cli("export", str(tmp_path / "fresh"), "ghost"), 1)
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_compress_on_a_mismatched_checkpoint_is_one_line(isolated_home, tiny_base_dir, tmp_path):
+    """Regression: BitDelta's errors were ValueErrors that escaped main as tracebacks."""
+    setup_base(isolated_home, tiny_base_dir)
+    empty = tmp_path / "not-a-checkpoint"
+    empty.mkdir()
+    line = one_error_line(run_cli("compress", "--base", "tiny", "--finetuned", str(empty), "--name", "x"), 2)
+    assert "no .safetensors" in line
+    assert Store(isolated_home).names() == []

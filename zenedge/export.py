@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from zenedge.errors import InvalidInput
+from zenedge.errors import InvalidInput, ZenedgeError
 from zenedge.store import Store
 
 MANIFEST = "zenedge-export.json"
@@ -108,11 +108,20 @@ def export(store: Store, dest: Path, names: list[str] | None = None, *, format: 
     if bitdelta_as not in ("hf-merged", "lora"):
         raise InvalidInput("--bitdelta-as must be hf-merged or lora")
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
     wanted = names or [row["name"] for row in store.names()]
     by_adapter: dict[str, list[str]] = {}
-    for name in wanted:
+    for name in wanted:  # every name resolved before anything is written
         by_adapter.setdefault(store.resolve(name)["id"], []).append(name)
+    try:
+        return _write(store, dest, by_adapter, format, bitdelta_as, rank)
+    except OSError as exc:  # a destination we cannot write (read-only, not a directory, disk full)
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(dest) else ""
+        raise ZenedgeError(f"cannot write the export to {dest}: {exc.strerror or exc}{where}") from None
+
+
+def _write(store: Store, dest: Path, by_adapter: dict[str, list[str]], format: str, bitdelta_as: str,
+           rank: int) -> dict[str, Any]:
+    dest.mkdir(parents=True, exist_ok=True)
     entries = []
     for adapter_id, served in by_adapter.items():
         adapter = store.adapter(adapter_id)

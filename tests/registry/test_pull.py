@@ -355,3 +355,16 @@ def test_maintain_collects_interrupted_downloads(store, server, tmp_path, monkey
     report = maintain(store, cfg, verify=False)
     assert report["reconciled"]["partial_downloads"] == 1
     assert not list((store.home / "partial").iterdir())
+
+
+@pytest.mark.parametrize("size", ["abc", [1], -5, 1.5, True])
+def test_an_index_entry_with_a_bad_size_is_a_registry_error(store, server, registry_dir, tmp_path, size):
+    """Regression: `"size": "abc"` or `[1]` in index.json ended in a ValueError/TypeError traceback."""
+    url, _ = server
+    index = json.loads((registry_dir / "index.json").read_text())
+    index["profiles"][1]["size"] = size
+    (registry_dir / "index.json").write_text(json.dumps(index))
+    with pytest.raises(RegistryError, match=rf"{url}/index.json: profile '{index['profiles'][1]['name']}' has an invalid size"):
+        search(http_cfg(tmp_path, url))
+    result = run_cli("search", env={"ZENEDGE_CONFIG": str(http_cfg(tmp_path, url).path)})
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")

@@ -1,14 +1,17 @@
-"""Errors of the bitdelta package: ValueError subclasses with one-line messages.
+"""Errors of the bitdelta package: one-line messages, typed like the rest of zenedge
+(zenedge.errors) so the CLI prints `error: …` with exit 2 and the daemon answers 400.
 
-A later integration maps these to exit codes / HTTP statuses; keep messages single-line.
+They stay ValueErrors as well, for callers that treat any bad value alike.
 """
 
+from zenedge.errors import InvalidAdapter, InvalidInput
 
-class BitDeltaError(ValueError):
+
+class BitDeltaError(InvalidInput, ValueError):
     """Base of every bitdelta error."""
 
 
-class BitDeltaFormatError(BitDeltaError):
+class BitDeltaFormatError(BitDeltaError, InvalidAdapter):
     """A .bitdelta safetensors file is malformed (missing metadata, bad JSON, wrong format name)."""
 
 
@@ -34,3 +37,5 @@ class MissingTensor(BitDeltaFormatError):
 
 class CheckpointMismatch(BitDeltaError):
     """Base and fine-tuned checkpoints cannot be paired (missing tensors, different shapes)."""
+
+    code = "checkpoint_mismatch"

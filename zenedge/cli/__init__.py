@@ -45,17 +45,29 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(code, int):  # click returns Exit codes instead of raising without standalone mode
             return code
     except ZenedgeError as exc:
-        click.echo(f"error: {exc}", err=True)
+        _error(str(exc))
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # a bare `zenedge pool`: the help is the answer
+        return exc.exit_code
+    except click.UsageError as exc:  # one line, not click's usage + hint + error
+        command = exc.ctx.command_path if exc.ctx else "zenedge"
+        _error(f"{exc.format_message().rstrip('.')} (see `{command} --help`)")
+        return exc.exit_code
     except click.ClickException as exc:
-        exc.show()
+        _error(exc.format_message())
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         return 130
     return 0
+
+
+def _error(message: str) -> None:
+    """One `error:` line on stderr, whatever the message holds (a library's text may span lines)."""
+    click.echo("error: " + " ".join(message.splitlines()), err=True)
 
 
 if __name__ == "__main__":

@@ -171,9 +171,15 @@ def parse_index(data: bytes | str, where: str) -> list[IndexEntry]:
             name = check_name(item.get("name"), "profile name")
         except InvalidInput as exc:
             raise RegistryError(f"{where}: {exc}") from None
+        size = item.get("size", 0)
+        if size is None:
+            size = 0  # the index's size is informational; the manifest's sizes are what downloads check
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_FILE_BYTES * 16:
+            raise RegistryError(f"{where}: profile {name!r} has an invalid size {str(size)[:40]!r} "
+                                "(a whole number of bytes)")
         entries.append(IndexEntry(
             name=name, version=str(item.get("version", "0")), kind=str(item.get("kind", "")),
-            description=str(item.get("description", ""))[:500], size=int(item.get("size", 0) or 0),
+            description=str(item.get("description", ""))[:500], size=size,
             base=str(item.get("base", "")), manifest=check_relative_path(item.get("manifest"), where),
         ))
     return entries
