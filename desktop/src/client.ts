@@ -9,7 +9,8 @@ import { lines, sseData } from "./lines.js";
 import type { Transport, TransportResponse } from "./transport.js";
 import type {
   BudgetPlan, BudgetStatus, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion,
-  CompletionRequest, Health, MaintainResult, ModelList, PoolList, PoolStatus, Ps, PullProgress, RmResult,
+  CompletionRequest, EmbeddingList, EmbeddingRequest, Health, MaintainResult, ModelList, PoolList, PoolStatus, Ps,
+  PullProgress, RmResult,
 } from "./wire.js";
 
 export interface CallOptions {
@@ -45,6 +46,11 @@ export class ZenedgeClient {
 
   completeStream(request: CompletionRequest, options?: CallOptions): AsyncGenerator<Completion> {
     return this.events("/v1/completions", { ...request, stream: true }, options);
+  }
+
+  /** Unit vectors from the profile (or base) named by `model`, one per input, as floats. */
+  embeddings(request: EmbeddingRequest, options?: CallOptions): Promise<EmbeddingList> {
+    return this.json("POST", "/v1/embeddings", { ...request, encoding_format: "float" }, options);
   }
 
   // -- native --------------------------------------------------------------------------------

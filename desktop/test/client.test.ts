@@ -69,6 +69,19 @@ for (const [name, make] of Object.entries(transports)) {
       assert.equal(streamed, plain.choices[0].text);
     });
 
+    test("embeddings: one unit vector per input, per profile", async () => {
+      const answer = await client.embeddings({ model: "p0", input: ["hello there", "general kenobi"] });
+      assert.deepEqual(answer.data.map((d) => d.index), [0, 1]);
+      for (const { embedding } of answer.data) {
+        const vector = embedding as number[];
+        assert.equal(vector.length, 64);
+        assert.ok(Math.abs(vector.reduce((sum, x) => sum + x * x, 0) - 1) < 1e-5);
+      }
+      assert.equal(answer.usage.prompt_tokens, "hello there".length + "general kenobi".length);
+      const base = await client.embeddings({ model: "tiny", input: "hello there" });
+      assert.notDeepEqual(base.data[0].embedding, answer.data[0].embedding);
+    });
+
     test("errors keep the daemon's status and code", async () => {
       await assert.rejects(client.chat({ ...story, model: "ghost" }), (error: unknown) => {
         assert.ok(error instanceof ZenedgeError);

@@ -57,6 +57,14 @@ def test_streamed_chat_and_completions_equal_plain(client):
         client.complete(request)["choices"][0]["text"]
 
 
+def test_embeddings(client):
+    answer = client.embeddings({"model": "p0", "input": ["hello there", "general kenobi"]})
+    assert [d["index"] for d in answer["data"]] == [0, 1]
+    assert all(len(d["embedding"]) == 64 and abs(sum(x * x for x in d["embedding"]) - 1) < 1e-5
+               for d in answer["data"])
+    assert answer["usage"]["prompt_tokens"] == len("hello there") + len("general kenobi")
+
+
 def test_errors_keep_status_and_code(client, daemon):
     with pytest.raises(ZenedgeError) as caught:
         client.chat({**STORY, "model": "ghost"})

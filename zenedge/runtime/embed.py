@@ -135,9 +135,9 @@ class Embedder:
         return Embedded(keep_dimensions(vectors, dimensions), [len(i) for i in ids], load_ns)
 
     def _record(self, route) -> None:
-        if route.adapter is None:
-            return
+        """Count the request in the pool's eviction order, as a generation is counted."""
         try:
-            self.engine.store.record_requests(route.adapter["id"])
-        except Exception as exc:  # request statistics must never fail a request
-            log.warning("could not record a request for %s: %s", route.name, exc)
+            if route.adapter is not None:
+                self.engine.store.record_requests(route.adapter["id"])
+        except Exception as exc:  # statistics must never fail a request
+            log.warning("could not record an embedding request for %s: %s", route.name, exc)

@@ -83,6 +83,10 @@ class ZenedgeClient:
     def complete_stream(self, request: wire.CompletionRequest) -> Iterator[wire.Completion]:
         return self._events("/v1/completions", {**request, "stream": True})
 
+    def embeddings(self, request: wire.EmbeddingRequest) -> wire.EmbeddingList:
+        """Unit vectors from the profile (or base) named by `model`, one per input, as floats."""
+        return self._json("POST", "/v1/embeddings", {**request, "encoding_format": "float"})
+
     # -- native ------------------------------------------------------------------------------
     def list(self) -> wire.PoolList:
         return self._json("GET", "/api/list")
