@@ -1,6 +1,7 @@
 """Every bad adapter is refused with one clear line, a non-zero exit, and nothing left behind."""
 
 import json
+import re
 import struct
 
 import numpy as np
@@ -158,3 +159,48 @@ def test_adapters_on_modules_the_runtime_does_not_serve_are_refused(store, tiny_
     path = write_lora_dir(tmp_path / "head", shapes, targets=("q_proj", "lm_head"))
     with pytest.raises(InvalidAdapter, match="lm_head"):
         policy.import_lora(store, load(), path, "head", base="tiny")
+
+
+def with_targets(path, targets):
+    config = json.loads((path / "adapter_config.json").read_text())
+    config["target_modules"] = targets
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("targets,fragment", [
+    (["q_proj", "k_proj", "v_proj", "o_proj", "nonexistent_proj"], "'nonexistent_proj' match no module of the base"),
+    (["q_proj", "k_proj", "v_proj", "o_proj", "self_attn.qq_proj", "mlp"], "'self_attn.qq_proj', 'mlp' match no"),
+    (r".*\.(wq|wk)", "match no module of the base"),
+    (["q_proj", "k_proj"], "target_modules does not select"),
+    (None, "no target_modules"),
+    ([], "no target_modules"),
+    (42, "target_modules must be"),
+    ("([", "not a valid regular expression"),
+])
+def test_target_modules_that_do_not_fit_the_base_are_refused(store, lora_factory, targets, fragment):
+    """Regression: target_modules naming modules the base lacks were accepted and exported
+    unchanged, and PEFT then refused to load the export."""
+    path = with_targets(lora_factory(), targets)
+    with pytest.raises(InvalidAdapter, match=re.escape(fragment) if "(" not in fragment else fragment):
+        policy.import_lora(store, load(), path, "odd", base="tiny")
+    assert store.names() == []
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "k_proj", "v_proj", "o_proj"],
+                                     ["self_attn.q_proj", "self_attn.k_proj", "v_proj", "o_proj", "gate_proj"],
+                                     r"model\.layers\.\d+\.self_attn\.(q|k|v|o)_proj", "all-linear"])
+def test_target_modules_as_peft_matches_them_are_accepted(store, lora_factory, tmp_path, targets):
+    """Names match a module whose name ends with them, a string is a full-match regular expression,
+    "all-linear" selects every linear layer: what PEFT does, so the export loads there."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from zenedge.export import export
+
+    path = with_targets(lora_factory(), targets)
+    policy.import_lora(store, load(), path, "fits", base="tiny")
+    export(store, tmp_path / "out", ["fits"])
+    base = AutoModelForCausalLM.from_pretrained(store.home / store.base("tiny")["dir"])
+    loaded = PeftModel.from_pretrained(base, tmp_path / "out" / "fits")
+    assert sum(".lora_A." in n for n, _ in loaded.named_parameters()) >= 8

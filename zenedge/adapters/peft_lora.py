@@ -19,6 +19,7 @@ CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"}
 MAX_CONFIG_BYTES = 1 << 20
+ALL_LINEAR = "all-linear"  # PEFT's shorthand for every linear layer
 
 # PEFT names weights "base_model.model.<module>.lora_A[.<adapter>].weight".
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<which>[AB])(?:\.[A-Za-z0-9_-]+)?\.weight$")
@@ -88,6 +89,7 @@ def read_lora_dir(directory: Path, base_modules: dict[str, tuple[int, int]] | No
     modules = _modules(header, config)
     if base_modules is not None:
         _check_against_base(weights, modules, base_modules)
+    _check_targets(directory / CONFIG_NAME, config, modules, base_modules)
     if check_values:
         check_finite(header)
     return LoraAdapter(
@@ -143,3 +145,53 @@ def _check_against_base(weights: Path, modules: dict[str, tuple[int, int, int]],
                 f"{weights.name}: module {module!r} is {fan_out}×{fan_in} in the adapter but "
                 f"{shape[0]}×{shape[1]} in the base; the adapter was made for another model"
             )
+
+
+def _selects(targets: str | list[str], module: str) -> bool:
+    """PEFT's rule for target_modules (and exclude_modules): a string is a regular expression that
+    must match the whole module name; a list entry matches the module of that name or any module
+    whose name ends with "." + it."""
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module) is not None
+    return any(module == t or module.endswith(f".{t}") for t in targets)
+
+
+def _module_pattern(path: Path, config: dict, key: str) -> str | list[str] | None:
+    """target_modules / exclude_modules as PEFT reads them: a list of names or one regular expression."""
+    value = config.get(key)
+    if value is None or value == []:
+        return None
+    if not (isinstance(value, str) or isinstance(value, list) and all(isinstance(t, str) for t in value)):
+        raise InvalidAdapter(f"{path}: {key} must be a list of module names or a regular expression")
+    if isinstance(value, str):
+        if value.lower() == ALL_LINEAR:
+            return ".*"  # every linear layer (PEFT leaves out the output layer, which we refuse anyway)
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise InvalidAdapter(f"{path}: {key} {value[:80]!r} is not a valid regular expression ({exc})") from None
+    return value
+
+
+def _check_targets(path: Path, config: dict, modules: dict[str, tuple[int, int, int]],
+                   base_modules: dict[str, tuple[int, int]] | None) -> None:
+    """target_modules is what PEFT (and every engine that loads our export) uses to place the
+    weights: each target must name a linear of the base, and every module with weights must be
+    targeted, or the export loads differently from what zenedge serves, or not at all."""
+    targets = _module_pattern(path, config, "target_modules")
+    if targets is None:
+        raise InvalidAdapter(f"{path}: no target_modules (PEFT needs them to place the weights)")
+    excluded = _module_pattern(path, config, "exclude_modules")
+    if base_modules is not None:
+        if isinstance(targets, str):
+            unmatched = [] if any(_selects(targets, m) for m in base_modules) else [targets]
+        else:
+            unmatched = [t for t in targets if not any(_selects([t], m) for m in base_modules)]
+        if unmatched:
+            raise InvalidAdapter(f"{path}: target_modules {', '.join(repr(t[:80]) for t in unmatched[:5])} match no "
+                                 "module of the base; the adapter was made for another model")
+    untargeted = sorted(m for m in modules if not _selects(targets, m) or (excluded and _selects(excluded, m)))
+    if untargeted:
+        more = f" (and {len(untargeted) - 1} more)" if len(untargeted) > 1 else ""
+        raise InvalidAdapter(f"{path}: holds weights for {untargeted[0]!r}{more} that target_modules does not "
+                             "select; PEFT would drop them")
