@@ -133,9 +133,9 @@ def show(store: Store, name: str) -> dict[str, Any]:
     }
     modified = facts.created_at
     if profile is not None:
-        members = store.names_of(adapter["id"])
+        others = [member for member in store.names_of(adapter["id"]) if member != name]  # a merged adapter's
         info.update({"zenedge.kind": adapter["kind"], "zenedge.adapter": adapter["id"],
-                     "zenedge.adapter_bytes": adapter["bytes"], "zenedge.served_with": [m for m in members if m != name]})
+                     "zenedge.adapter_bytes": adapter["bytes"], "zenedge.served_with": others})
         modified = profile["created_at"]
     return {"license": "", "modelfile": "", "parameters": "", "template": facts.template,
             "details": facts.details(facts.name if profile is not None else ""), "model_info": info,

@@ -187,9 +187,6 @@ def ndjson_doc(line: str) -> dict:
 def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     api = APIRouter(tags=["ollama"], route_class=OllamaRoute, responses=ERRORS)
 
-    async def route_of(model: str) -> Route:
-        return await run_in_threadpool(state.route, model_name(model))
-
     @api.get("/api/version", response_model=wire.OllamaVersion)
     async def version() -> dict:
         return {"version": __version__}
@@ -213,7 +210,7 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
         refuse_unsupported(body, tools=body.tools, images=any(m.images for m in body.messages))
         framing = Framing(body.model, chat=True)
         if not body.messages:
-            reason = await _warm(state, await route_of(body.model), body.keep_alive)
+            reason = await _warm(state, await _route(state, body.model), body.keep_alive)
             return framing.line("", done=True, done_reason=reason)
         prompt = Prompt(messages=[{"role": m.role, "content": m.content} for m in body.messages])
         return await _generate(state, request, body, prompt, framing)
@@ -225,7 +222,7 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
                            context=body.context)
         framing = Framing(body.model, chat=False)
         if not body.prompt:
-            reason = await _warm(state, await route_of(body.model), body.keep_alive)
+            reason = await _warm(state, await _route(state, body.model), body.keep_alive)
             return framing.line("", done=True, done_reason=reason)
         if body.raw:
             prompt = Prompt(text=body.prompt)
@@ -238,7 +235,7 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     async def embed(body: wire.OllamaEmbedRequest) -> dict:
         timings = Timings()
         texts = [body.input] if isinstance(body.input, str) else body.input
-        route = await route_of(body.model)
+        route = await _route(state, body.model)
         if texts == [""]:  # Ollama's way to load a model without embedding anything
             await _warm(state, route, body.keep_alive)
             return {"model": body.model, "embeddings": [], "prompt_eval_count": 0, **_durations(timings)}
@@ -249,7 +246,7 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
 
     @api.post("/api/embeddings", response_model=wire.OllamaEmbeddingsResponse)
     async def embeddings(body: wire.OllamaEmbeddingsRequest) -> dict:
-        route = await route_of(body.model)
+        route = await _route(state, body.model)
         if not body.prompt:
             await _warm(state, route, body.keep_alive)
             return {"embedding": []}
@@ -257,6 +254,10 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
         return {"embedding": result.vectors[0].tolist()}
 
     return api
+
+
+async def _route(state: DaemonState, model: str) -> Route:
+    return await run_in_threadpool(state.route, model_name(model))
 
 
 def _delete(state: DaemonState, name: str) -> None:
@@ -306,7 +307,7 @@ async def _generate(state: DaemonState, request: Request, body: wire.OllamaGener
     params = sampling(body.options)
     keep_alive_seconds(body.keep_alive)
     timings = Timings()
-    route = await run_in_threadpool(state.route, model_name(body.model))
+    route = await _route(state, body.model)
     job = state.scheduler.submit(route, prompt, params)
     timings.prompt_tokens = await streaming.started(request, job)
     timings.started = time.perf_counter_ns()
