@@ -19,12 +19,14 @@ import torch
 from zenedge.adapters.lora_tensors import read_lora_factors, write_peft_adapter
 from zenedge.config import Config
 from zenedge.merge import LowRankOPCMState, LoraFactors, lowrank_opcm_init, lowrank_opcm_step, rank_by_similarity
-from zenedge.quality import Measurement, QualityGate
+from zenedge.phases import Phases
+from zenedge.quality import GateResult, Measurement, Member, QualityGate
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant, lora_variant
 from zenedge.store import Store
 
 MERGEABLE = ("lora", "merged")
+EDITS_ONE = {"monosoup"}  # manual methods that rewrite a single adapter; every other needs two or more
 OPCM_ALPHA = 0.5
 
 
@@ -56,11 +58,14 @@ class Attempt:
 
     @property
     def accepted(self) -> bool:
-        return self.min_retention >= self.threshold
+        """Every member measured and passed (the gate's verdict: early verdicts are sequential)."""
+        return bool(self.measurements) and len(self.measurements) == len(self.members) \
+            and all(m.passed for m in self.measurements)
 
     def summary(self) -> dict[str, Any]:
         return {"candidate": self.candidate_id[:12], "members": self.members, "similarity": round(self.similarity, 4),
                 "retention": {m.name: round(m.retention, 4) for m in self.measurements},
+                "examples": {m.name: m.examples for m in self.measurements if m.metric == "loss"},
                 "accepted": self.accepted}
 
 
@@ -72,11 +77,12 @@ def rank_cap(cfg: Config, *adapters: dict[str, LoraFactors]) -> int:
 
 
 class PoolMerger:
-    def __init__(self, store: Store, cfg: Config, resident: ResidentModel):
+    def __init__(self, store: Store, cfg: Config, resident: ResidentModel, phases: Phases | None = None):
         self.store = store
         self.cfg = cfg
         self.resident = resident
         self.gate = QualityGate(resident)
+        self.phases = phases or Phases()
 
     def factors(self, adapter: dict[str, Any]) -> dict[str, LoraFactors]:
         return read_lora_factors(self.store.blob_path(adapter["sha256"]), adapter["config"], dtype=torch.float32)
@@ -89,22 +95,26 @@ class PoolMerger:
         pinned = {self.store.name(n)["adapter_id"] for n in self.cfg.get("runtime", "pinned") if self.store.name(n)}
         rows = {a["id"]: a for a in self.store.adapters()
                 if a["kind"] in MERGEABLE and a["base"] == base and not a["pinned"] and a["id"] not in pinned}
-        pool = {key: self.factors(row) for key, row in rows.items()}
-        return [(rows[key], sim) for key, sim in rank_by_similarity(incoming.factors, pool)]
+        with self.phases.phase("rank", f"ranking {len(rows)} stored adapters by similarity to {incoming.name}",
+                               stored=len(rows)):
+            pool = {key: self.factors(row) for key, row in rows.items()}
+            return [(rows[key], sim) for key, sim in rank_by_similarity(incoming.factors, pool)]
 
     def _eval_path(self, name_row: dict[str, Any]) -> Path | None:
         return self.store.blob_path(name_row["eval_blob"]) if name_row.get("eval_blob") else None
 
     def attempt(self, candidate: dict[str, Any], similarity: float, incoming: Incoming) -> Attempt:
         """Merge a LoRA `incoming` into `candidate` with low-rank OPCM (nothing stored yet) and gate it."""
-        stored = self.factors(candidate)
-        cap = rank_cap(self.cfg, stored, incoming.factors)
-        previous = candidate.get("state") or {}
-        if candidate["kind"] == "merged" and "lam" in previous:
-            state = LowRankOPCMState(merged=stored, lam=float(previous["lam"]), norms=tuple(previous["norms"]))
-        else:
-            state = lowrank_opcm_init(stored, cap)
-        state = lowrank_opcm_step(state, incoming.factors, OPCM_ALPHA, cap)
+        into = self._label(candidate)
+        with self.phases.phase("fold", f"merging {incoming.name} into {into}", candidate=into):
+            stored = self.factors(candidate)
+            cap = rank_cap(self.cfg, stored, incoming.factors)
+            previous = candidate.get("state") or {}
+            if candidate["kind"] == "merged" and "lam" in previous:
+                state = LowRankOPCMState(merged=stored, lam=float(previous["lam"]), norms=tuple(previous["norms"]))
+            else:
+                state = lowrank_opcm_init(stored, cap)
+            state = lowrank_opcm_step(state, incoming.factors, OPCM_ALPHA, cap)
         attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.get("pool", "quality_threshold"), state)
         own = self.variant(candidate["id"], stored)
         return self._gate(attempt, candidate, own, self.variant("candidate-merge", state.merged), incoming,
@@ -114,11 +124,14 @@ class PoolMerger:
         from zenedge.bitdelta.fileformat import load_bitdelta
         from zenedge.delta_merge import delta_cosine
 
-        new = load_bitdelta(incoming.delta_path).modules
         rows = [a for a in self.store.adapters() if a["kind"] == "bitdelta" and a["base"] == base and not a["pinned"]
                 and not set(self.store.names_of(a["id"])) & set(self.cfg.get("runtime", "pinned"))]
-        ranked = [(row, delta_cosine(load_bitdelta(self.store.blob_path(row["sha256"])).modules, new)) for row in rows]
-        return sorted(ranked, key=lambda pair: -pair[1])
+        with self.phases.phase("rank", f"ranking {len(rows)} stored deltas by similarity to {incoming.name}",
+                               stored=len(rows)):
+            new = load_bitdelta(incoming.delta_path).modules
+            ranked = [(row, delta_cosine(load_bitdelta(self.store.blob_path(row["sha256"])).modules, new))
+                      for row in rows]
+            return sorted(ranked, key=lambda pair: -pair[1])
 
     def attempt_delta(self, candidate: dict[str, Any], similarity: float, incoming: Incoming,
                       workdir: Path) -> Attempt:
@@ -128,7 +141,9 @@ class PoolMerger:
 
         out = workdir / "merged.bitdelta"
         stored = self.store.blob_path(candidate["sha256"])
-        state = merge_bitdelta_files(stored, candidate.get("state") or {}, incoming.delta_path, out, OPCM_ALPHA)
+        into = self._label(candidate)
+        with self.phases.phase("fold", f"merging {incoming.name} into {into}", candidate=into):
+            state = merge_bitdelta_files(stored, candidate.get("state") or {}, incoming.delta_path, out, OPCM_ALPHA)
         attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.get("pool", "quality_threshold"), state,
                           merged_path=out)
         device = self.resident.device
@@ -136,30 +151,37 @@ class PoolMerger:
                           load_variant("candidate-merge", out, device), incoming,
                           load_variant("incoming", incoming.delta_path, device))
 
+    def _label(self, candidate: dict[str, Any]) -> str:
+        return "+".join(self.store.names_of(candidate["id"])) or candidate["id"][:12]
+
     def _gate(self, attempt: Attempt, candidate: dict[str, Any], own: Variant, merged: Variant,
               incoming: Incoming, incoming_variant: Variant) -> Attempt:
-        """Measure every member of the candidate and the newcomer on the merged variant, stopping
-        at the first member below the threshold (the merge is rejected then; each measurement is
-        a pass over an eval set, the bulk of an arrival's cost)."""
+        """Measure every member of the candidate and the newcomer on the merged variant (the gate
+        stops at the first member that clearly fails; each eval example read is a forward pass,
+        the bulk of an arrival's cost)."""
         original = candidate["kind"] != "merged"  # its own adapter still exists: anchors can be taken
-        for name in self.store.names_of(candidate["id"]):
-            row = self.store.name(name)
-            eval_path = self._eval_path(row)
-            quality = row.get("quality") or {}
-            if eval_path is not None and "own_loss" not in quality and original:
-                quality = self.gate.anchors(own, eval_path)
-                attempt.qualities[name] = quality
-            attempt.members.append(name)
-            attempt.measurements.append(self.gate.measure(name, quality, eval_path, merged, own))
-            if not attempt.accepted:
-                return attempt
-        if incoming.eval_path is not None and "own_loss" not in incoming.quality:
-            incoming.quality = self.gate.anchors(incoming_variant, incoming.eval_path)
-        attempt.qualities[incoming.name] = incoming.quality
-        attempt.members.append(incoming.name)
-        attempt.measurements.append(self.gate.measure(incoming.name, incoming.quality, incoming.eval_path, merged,
-                                                      incoming_variant))
+        members = [self.member(name, own, original) for name in self.store.names_of(candidate["id"])]
+        members.append(Member(incoming.name, incoming.eval_path, incoming.quality, incoming_variant, True))
+        attempt.members = [m.name for m in members]
+        result = self.gate.check(members, merged, attempt.threshold, self.phases)
+        attempt.measurements = result.measurements
+        attempt.qualities = result.anchors
+        if incoming.name in result.anchors:  # kept for the next candidate: measured once per arrival
+            incoming.quality = result.anchors[incoming.name]
+        if not attempt.accepted:
+            self.keep_anchors(result, exclude=incoming.name)
         return attempt
+
+    def member(self, name: str, current: Variant | None, original: bool) -> Member:
+        row = self.store.name(name)
+        return Member(name, self._eval_path(row), row.get("quality") or {}, current, original)
+
+    def keep_anchors(self, result: GateResult, exclude: str | None = None) -> None:
+        """Anchors measured for stored profiles by a gate whose merge is not kept: stored now, so a
+        later gate does not measure them again."""
+        for name, quality in result.anchors.items():
+            if name != exclude and self.store.name(name) is not None:
+                self.store.set_quality(name, quality)
 
     def write(self, attempt: Attempt, base: str, directory: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
         """The accepted merge as a file to store, its config, and the OPCM state to store with it."""
@@ -177,6 +199,12 @@ class PoolMerger:
                max_adapters: int | None = None, newcomer=None, source: str = "merge") -> str:
         """Store an accepted merge: one transaction that adds it, re-points every member's name
         (with the quality anchors measured on the way) and deletes the adapters it replaces."""
+        with self.phases.phase("commit", "storing the merged adapter"):
+            return self._commit(attempt, base, workdir, replaces=replaces, budget=budget,
+                                max_adapters=max_adapters, newcomer=newcomer, source=source)
+
+    def _commit(self, attempt: Attempt, base: str, workdir: Path, *, replaces: list[str], budget: int,
+                max_adapters: int | None, newcomer, source: str) -> str:
         from zenedge.store import NewAdapter, NewName
 
         weights, config, state = self.write(attempt, base, workdir)
@@ -198,17 +226,25 @@ class PoolMerger:
 
 
 def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, force: bool = False,
-                 engine=None) -> dict[str, Any]:
+                 engine=None, progress=None) -> dict[str, Any]:
     """`zenedge merge A B --method M`: merge the adapters serving `names` by hand, gate reported
     (and enforced unless `force`), the result serving every member's name."""
-    import json as _json
-
     from zenedge import policy
     from zenedge.errors import InvalidInput, MergeRejected
     from zenedge.merge import merge as run_method
     from zenedge.store import NewAdapter, NewName
 
-    rows = {store.resolve(n)["id"]: store.resolve(n) for n in names}
+    rows: dict[str, dict[str, Any]] = {}
+    for name in names:
+        row = store.resolve(name)
+        rows.setdefault(row["id"], row)
+    if method in EDITS_ONE and len(rows) != 1:
+        raise InvalidInput(f"{method} edits one adapter; {', '.join(map(repr, names))} are served by {len(rows)}")
+    if method not in EDITS_ONE and len(rows) < 2:
+        served = ", ".join(repr(n) for n in dict.fromkeys(names))
+        raise InvalidInput(f"a merge needs at least two different adapters; {served} "
+                           f"{'is' if len(set(names)) == 1 else 'are'} served by one adapter",
+                           hint="name profiles served by different adapters (see `zenedge list`)")
     for row in rows.values():
         if row["kind"] not in MERGEABLE:
             raise InvalidInput(f"{row['kind']} adapters cannot be merged by hand (only LoRA and merged ones)")
@@ -216,43 +252,39 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
     if len(bases) != 1:
         raise InvalidInput("the adapters belong to different bases")
     base = bases.pop()
-    merger = PoolMerger(store, cfg, policy._resident(store, cfg, base, engine))
+    phases = Phases(progress)
+    merger = PoolMerger(store, cfg, policy._resident(store, cfg, base, engine), phases)
     adapters = [merger.factors(row) for row in rows.values()]
-    cap = rank_cap(cfg, *adapters)
-    result = run_method(method, adapters, max_rank=cap)
-    merged_variant = merger.variant("manual-merge", result.adapter)
-    members, measurements, qualities = [], [], {}
-    gate = merger.gate
-    for adapter_id, factors in zip(rows, adapters):
-        own = merger.variant(adapter_id, factors)
-        for name in store.names_of(adapter_id):
-            row = store.name(name)
-            eval_path = merger._eval_path(row)
-            quality = row.get("quality") or {}
-            if eval_path is not None and "own_loss" not in quality and rows[adapter_id]["kind"] == "lora":
-                quality = qualities[name] = gate.anchors(own, eval_path)
-            members.append(name)
-            measurements.append(gate.measure(name, quality, eval_path, merged_variant, own))
-    retention = {m.name: round(m.retention, 4) for m in measurements}
+    with phases.phase("fold", f"merging {', '.join(dict.fromkeys(names))} ({method})"):
+        result = run_method(method, adapters, max_rank=rank_cap(cfg, *adapters))
+    members = [merger.member(name, merger.variant(adapter_id, factors), rows[adapter_id]["kind"] == "lora")
+               for adapter_id, factors in zip(rows, adapters) for name in store.names_of(adapter_id)]
     threshold = cfg.get("pool", "quality_threshold")
-    if min(retention.values()) < threshold and not force:
+    gate = merger.gate.check(members, merger.variant("manual-merge", result.adapter), threshold, phases,
+                             stop_at_failure=not force)
+    retention = {m.name: round(m.retention, 4) for m in gate.measurements}
+    if not gate.passed and not force:
+        merger.keep_anchors(gate)
         raise MergeRejected(f"{method} merge keeps {retention}, below pool.quality_threshold {threshold}; "
                             "nothing was changed", hint="use --force to keep it anyway")
-    with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
+    member_names = [m.name for m in members]
+    with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work, phases.phase("commit", "storing the merged adapter"):
         config = write_peft_adapter(result.adapter, Path(work), base_model=base)
         merged = NewAdapter(kind="merged", base=base, weights=Path(work) / "adapter_model.safetensors",
                             rank=config["r"], target_modules=sorted(result.adapter), config=config,
-                            state={"method": method, "members": members,
+                            state={"method": method, "members": member_names,
                                    "energy_kept": result.truncation.energy_kept_overall, **_json_safe(result.details)},
-                            origin={"source": "merge", "members": members, "method": method})
-        entries = [NewName(name=n, quality=qualities.get(n) or (store.name(n) or {}).get("quality") or {})
-                   for n in members]
+                            origin={"source": "merge", "members": member_names, "method": method})
+        entries = [NewName(name=n, quality=gate.anchors.get(n) or (store.name(n) or {}).get("quality") or {})
+                   for n in member_names]
         adapter_id = store.put_adapter(merged, entries, budget=max(cfg.budget, store.used_bytes()),
                                        replaces=list(rows), event="merge",
-                                       merge={"members": _json.dumps(members), "method": method,
-                                              "similarity": None, "retention": _json.dumps(retention)})
-    return {"adapter_id": adapter_id, "members": members, "method": method, "retention": retention,
-            "energy_kept": result.truncation.energy_kept_overall, "bytes": store.adapter(adapter_id)["bytes"]}
+                                       merge={"members": json.dumps(member_names), "method": method,
+                                              "similarity": None, "retention": json.dumps(retention)})
+    return {"adapter_id": adapter_id, "members": member_names, "method": method, "retention": retention,
+            "examples": {m.name: m.examples for m in gate.measurements if m.metric == "loss"},
+            "energy_kept": result.truncation.energy_kept_overall, "bytes": store.adapter(adapter_id)["bytes"],
+            "profile": phases.profile()}
 
 
 def _json_safe(details: dict[str, Any]) -> dict[str, Any]:

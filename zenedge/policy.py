@@ -17,12 +17,18 @@ from typing import Any
 from zenedge import config as config_mod
 from zenedge.adapters.peft_lora import read_lora_dir
 from zenedge.adapters.targets import is_servable
-from zenedge.bases import DEFAULT_BASE, find_base, identities
+from zenedge.bases import DEFAULT_BASE, ensure_base, find_base, identities
 from zenedge.config import Config
-from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter
+from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter, InvalidInput
 from zenedge.names import check_name
+from zenedge.phases import Phases, Progress
 from zenedge.sizes import format_size
 from zenedge.store import NewAdapter, NewName, Store
+
+
+# Gate at most this many candidates, most similar first: each costs a pass over its members' eval
+# sets, and the issue [J] profile (BENCHMARKS.md) counts how often a later one is the one kept.
+MERGE_CANDIDATES = 2
 
 
 @dataclass
@@ -37,23 +43,44 @@ class EvictionPlan:
         return [n for a in self.evict for n in a["names"]]
 
 
-def resolve_base(store: Store, name: str | None) -> dict[str, Any]:
+def resolve_base(store: Store, name: str | None, progress: Progress | None = None) -> dict[str, Any]:
+    """The base row for `name` (default: the embedded base, converted into the store on first use,
+    reporting progress, as `pull` does)."""
     name = name or DEFAULT_BASE
     row = store.base(name) or find_base(store, name)
-    if row is None:
-        known = ", ".join(b["name"] for b in store.bases()) or "none yet"
-        hint = ("it is converted on first use by `zenedge run` or `zenedge base add`" if name == DEFAULT_BASE
-                else "register it with `zenedge base add PATH --name NAME`")
-        raise BaseNotFound(f"base {name!r} is not registered (registered: {known})", hint=hint)
-    return row
+    if row is not None:
+        return row
+    if name == DEFAULT_BASE:
+        report = (lambda message: progress({"status": message, "phase": "base"})) if progress else None
+        return ensure_base(store, name, progress=report)
+    known = ", ".join(b["name"] for b in store.bases()) or "none yet"
+    raise BaseNotFound(f"base {name!r} is not registered (registered: {known})",
+                       hint="register it with `zenedge base add PATH --name NAME`")
+
+
+def check_eval_set(path: Path | None) -> Path | None:
+    """Refuse an eval set that is not a readable JSONL of prompt/answer pairs now, before it is
+    stored (a broken set would otherwise surface in some later, unrelated merge)."""
+    if path is None:
+        return None
+    from zenedge.evaluation import load_eval_set
+
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidInput(f"eval set {path}: {'is a directory' if path.is_dir() else 'no such file'}",
+                           hint="give a JSONL file of {\"prompt\", \"answer\"} lines")
+    load_eval_set(path)  # EvalSetError (one line naming the file and line) if it is not one
+    return path
 
 
 def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                 eval_path: Path | None = None, version: str = "", description: str = "",
-                origin: dict[str, Any] | None = None, engine=None) -> dict[str, Any]:
+                origin: dict[str, Any] | None = None, engine=None,
+                progress: Progress | None = None) -> dict[str, Any]:
     """Validate a PEFT LoRA directory against its base and store it under `name`."""
     check_name(name, "profile name")
-    base_row = resolve_base(store, base)
+    check_eval_set(eval_path)
+    base_row = resolve_base(store, base, progress)
     modules = {m: tuple(s) for m, s in base_row["modules"].items()}
     lora = read_lora_dir(Path(path), modules)
     unservable = [m for m in lora.target_modules if not is_servable(m)]
@@ -68,17 +95,19 @@ def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str |
     )
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
                     origin=adapter.origin)
-    return store_adapter(store, cfg, adapter, entry, engine=engine)
+    return store_adapter(store, cfg, adapter, entry, engine=engine, progress=progress)
 
 
 def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                     eval_path: Path | None = None, version: str = "", description: str = "",
-                    origin: dict[str, Any] | None = None, engine=None) -> dict[str, Any]:
+                    origin: dict[str, Any] | None = None, engine=None,
+                    progress: Progress | None = None) -> dict[str, Any]:
     """Validate a BitDelta file (format, shapes against the base, base hash) and store it."""
     from zenedge.bitdelta.fileformat import load_bitdelta
 
     check_name(name, "profile name")
-    base_row = resolve_base(store, base)
+    check_eval_set(eval_path)
+    base_row = resolve_base(store, base, progress)
     if Path(path).suffix.lower() in {".bin", ".pt", ".pth", ".pkl", ".ckpt"}:
         raise InvalidAdapter(f"{Path(path).name}: pickle files are refused; BitDelta files are safetensors")
     try:
@@ -106,7 +135,7 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
     )
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
                     origin=adapter.origin)
-    return store_adapter(store, cfg, adapter, entry, engine=engine)
+    return store_adapter(store, cfg, adapter, entry, engine=engine, progress=progress)
 
 
 def check_admission(store: Store, cfg: Config, name: str, size: int, kind: str) -> None:
@@ -124,29 +153,39 @@ def check_admission(store: Store, cfg: Config, name: str, size: int, kind: str) 
 
 
 def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str = "import",
-                  engine=None) -> dict[str, Any]:
+                  engine=None, progress: Progress | None = None) -> dict[str, Any]:
     """Commit an adapter within the budget and slot limit. Under pressure a LoRA is merged into the
     most similar stored adapter if the quality gate passes; otherwise the policy evicts
-    (rate-weighted LRU, never pinned) or refuses, as `pool.on_no_merge` says."""
+    (rate-weighted LRU, never pinned) or refuses, as `pool.on_no_merge` says. The result carries
+    `profile`: where the time went (phases.py)."""
+    phases = Phases(progress)
     with store.writing():
-        attempts: list[dict[str, Any]] = []
-        if adapter.kind in ("lora", "bitdelta") and _prefers_merge(store, cfg, adapter):
-            merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, event)
+        result = _store_adapter(store, cfg, adapter, entry, event, engine, phases)
+    return {**result, "profile": phases.profile()}
+
+
+def _store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, engine,
+                   phases: Phases) -> dict[str, Any]:
+    attempts: list[dict[str, Any]] = []
+    mergeable = adapter.kind in ("lora", "bitdelta")
+    if mergeable and _prefers_merge(store, cfg, adapter):
+        merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases)
+        if merged:
+            return merged
+    try:
+        with phases.phase("commit", f"storing {entry.name}"):
+            return _commit(store, cfg, adapter, entry, event, action="stored")
+    except BudgetExceeded as pressure:
+        if mergeable and not attempts:
+            merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases)
             if merged:
                 return merged
-        try:
-            return _commit(store, cfg, adapter, entry, event, action="stored")
-        except BudgetExceeded as pressure:
-            if adapter.kind in ("lora", "bitdelta") and not attempts:
-                merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, event)
-                if merged:
-                    return merged
-            if cfg.get("pool", "on_no_merge") == "refuse":
-                best = max(attempts, key=lambda a: min(a["retention"].values(), default=0), default=None)
-                detail = f"; best merge kept {best['retention']}" if best else "; nothing could be merged"
-                raise BudgetExceeded(f"{pressure.message}{detail}; nothing was changed (pool.on_no_merge = \"refuse\")",
-                                     hint=pressure.hint or "raise the budget or remove a profile") from None
-            return _evict_until_it_fits(store, cfg, adapter, entry, event, pressure, attempts)
+        if cfg.get("pool", "on_no_merge") == "refuse":
+            best = max(attempts, key=lambda a: min(a["retention"].values(), default=0), default=None)
+            detail = f"; best merge kept {best['retention']}" if best else "; nothing could be merged"
+            raise BudgetExceeded(f"{pressure.message}{detail}; nothing was changed (pool.on_no_merge = \"refuse\")",
+                                 hint=pressure.hint or "raise the budget or remove a profile") from None
+        return _evict_until_it_fits(store, cfg, adapter, entry, event, pressure, attempts, phases)
 
 
 def _commit(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, action: str,
@@ -167,11 +206,12 @@ def _prefers_merge(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
 
 
 def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, engine,
-                          attempts: list[dict[str, Any]], event: str, max_candidates: int = 3) -> dict[str, Any] | None:
+                          attempts: list[dict[str, Any]], phases: Phases,
+                          max_candidates: int = MERGE_CANDIDATES) -> dict[str, Any] | None:
     """Try the most similar stored adapters of the same kind; commit the first merge the gate keeps."""
     from zenedge.kmerge import Incoming, PoolMerger
 
-    merger = PoolMerger(store, cfg, _resident(store, cfg, adapter.base, engine))
+    merger = PoolMerger(store, cfg, _resident(store, cfg, adapter.base, engine), phases)
     if adapter.kind == "bitdelta":
         incoming = Incoming(entry.name, None, entry.eval_path, dict(entry.quality), delta_path=adapter.weights)
         candidates = merger.delta_candidates(incoming, adapter.base)
@@ -202,9 +242,10 @@ def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry:
                                            newcomer=entry)
             except BudgetExceeded:
                 continue  # merged and still too big: try the next candidate, then evict
-        return {"name": entry.name, "adapter_id": adapter_id, "kind": store.adapter(adapter_id)["kind"],
-                "bytes": store.adapter(adapter_id)["bytes"], "action": "merged",
-                "merged_with": [n for n in attempt.members if n != entry.name], "attempts": attempts}
+        row = store.adapter(adapter_id)
+        return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"],
+                "action": "merged", "merged_with": [n for n in attempt.members if n != entry.name],
+                "attempts": attempts}
     return None
 
 
@@ -215,7 +256,7 @@ def _has_room(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
 
 
 def _evict_until_it_fits(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str,
-                         pressure: BudgetExceeded, attempts: list[dict[str, Any]]) -> dict[str, Any]:
+                         pressure: BudgetExceeded, attempts: list[dict[str, Any]], phases: Phases) -> dict[str, Any]:
     """Plan the evictions first (rate-weighted LRU, never pinned); evict only if the plan works."""
     size = adapter.weights.stat().st_size
     replacing = (store.name(entry.name) or {}).get("adapter_id")
@@ -236,8 +277,11 @@ def _evict_until_it_fits(store: Store, cfg: Config, adapter: NewAdapter, entry: 
     if over_bytes > 0 or over_slots > 0:
         raise BudgetExceeded(f"{pressure.message}; evicting every unpinned adapter would not make room",
                              hint=pressure.hint) from None
-    evicted = store.evict(victims, reason=f"making room for {entry.name!r}")
-    return _commit(store, cfg, adapter, entry, event, action="evicted", evicted=evicted, attempts=attempts)
+    names = [n for victim in victims for n in store.names_of(victim)]
+    with phases.phase("evict", f"evicting {', '.join(names)} to make room for {entry.name}", evicted=names):
+        evicted = store.evict(victims, reason=f"making room for {entry.name!r}")
+    with phases.phase("commit", f"storing {entry.name}"):
+        return _commit(store, cfg, adapter, entry, event, action="evicted", evicted=evicted, attempts=attempts)
 
 
 def _resident(store: Store, cfg: Config, base: str, engine=None):
@@ -281,9 +325,7 @@ def _eval_bytes(store: Store, names: list[str]) -> int:
 
 def set_budget(store: Store, cfg: Config, size: str, *, dry_run: bool = False) -> EvictionPlan:
     """Lower or raise B: evict first (so a crash leaves a smaller, consistent pool), then write the file."""
-    from zenedge.sizes import parse_size
-
-    budget = parse_size(size)
+    budget = config_mod.parse_budget(size)  # refused here, before anything is evicted
     with store.writing():
         plan = plan_budget(store, cfg, budget)
         if dry_run:

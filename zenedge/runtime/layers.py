@@ -145,6 +145,9 @@ class VariantLinear(nn.Module):
         costs ~2·r·(in+out) per token; addmm_ fuses the second product, the scale and the add."""
         a_t, b_t = module.transposed
         low = x.reshape(-1, x.shape[-1]) @ a_t                              # [N, r]
+        if low.dtype != b_t.dtype:  # under autocast (the quality gate's bf16 scoring): autocast picks the dtype
+            y.view(-1, y.shape[-1]).add_(low @ b_t, alpha=module.scale)
+            return
         y.view(-1, y.shape[-1]).addmm_(low, b_t, alpha=module.scale)
 
     def _bitdelta(self, x: torch.Tensor, module: BitDeltaModule) -> torch.Tensor:

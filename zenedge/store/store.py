@@ -333,6 +333,11 @@ class Store:
             self._collect()
             return removed
 
+    def set_quality(self, name: str, quality: dict[str, Any]) -> None:
+        """Store a profile's quality anchors (measured by a gate whose merge was not kept)."""
+        with self.writing(), self.db.atomic():
+            self.conn.execute("UPDATE names SET quality = ? WHERE name = ?", [json.dumps(quality), name])
+
     def set_pinned(self, name: str, pinned: bool) -> dict[str, Any]:
         with self.writing():
             adapter = self.resolve(name)
