@@ -1,6 +1,8 @@
+import json
+
 import pytest
 
-from zenedge import config
+from zenedge import config, paths
 from zenedge.errors import ConfigError
 from tests.conftest import run_cli
 
@@ -76,3 +78,42 @@ def test_two_homes_never_share_a_default_socket_dir(tmp_path, monkeypatch):
     assert paths.runtime_dir() != first and first.parent == tmp_path / "zenedge"
     monkeypatch.delenv("ZENEDGE_HOME")
     assert paths.runtime_dir() == tmp_path / "zenedge"
+
+
+@pytest.mark.parametrize("value", ["1.5", "0.5B", 1.5, "0", 0, "0GB"])
+def test_a_budget_of_fractional_or_zero_bytes_is_refused(tmp_path, value):
+    """Regression: `budget = 1.5` became 2 bytes; 0.5B became 0, which evicts every adapter."""
+    path = tmp_path / "config.toml"
+    path.write_text(f"[pool]\nbudget = {json.dumps(value)}\n")
+    with pytest.raises(ConfigError, match=r"config.toml:2: pool.budget"):
+        config.load(path)
+
+
+def test_budget_set_refuses_zero_before_evicting_anything(isolated_home, tiny_base_dir, lora_factory):
+    from tests.conftest import run_cli
+    from zenedge import bases
+    from zenedge.store import Store
+
+    bases.add_hf_dir(Store(isolated_home), tiny_base_dir, "tiny")
+    run_cli("import", str(lora_factory(seed=1)), "--name", "writer", "--base", "tiny", check=True)
+    for size in ("0", "0.5B", "0GiB"):
+        result = run_cli("budget", "set", size)
+        assert result.returncode == 2 and result.stderr.startswith("error: "), result.stderr
+    assert [n["name"] for n in Store(isolated_home).names()] == ["writer"]
+
+
+def test_the_runtime_directory_is_private(tmp_path, monkeypatch):
+    """Regression: $XDG_RUNTIME_DIR/zenedge was created 0755 (the socket names inside were listable)."""
+    import stat
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("ZENEDGE_HOME")
+    made = paths.runtime_dir()
+    assert made == tmp_path / "zenedge" and stat.S_IMODE(made.stat().st_mode) == 0o700
+    made.chmod(0o755)  # made by an older version: tightened
+    assert stat.S_IMODE(paths.runtime_dir().stat().st_mode) == 0o700
+    monkeypatch.setenv("ZENEDGE_HOME", str(tmp_path / "elsewhere"))
+    nested = paths.runtime_dir()
+    assert nested.parent == tmp_path / "zenedge"
+    for directory in (nested, nested.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700

@@ -28,3 +28,16 @@ def test_integers_round_trip(n):
 def test_format_is_human():
     assert format_size(12) == "12 B"
     assert format_size(3 * 2**30) == "3.0 GiB"
+
+
+@pytest.mark.parametrize("text", ["1.5", "0.5B", "1.5B", 1.5, 0.5, "1.0000000001KB", float("nan"), float("inf")])
+def test_fractional_bytes_are_refused(text):
+    """Regression: "1.5" became 2 bytes and "0.5B" became 0 (and evicted everything)."""
+    with pytest.raises(InvalidInput, match="whole number of bytes|invalid size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text,expected", [("1.5KB", 1500), ("0.5KiB", 512), ("2.0", 2), (2.0, 2), (1e9, 10**9),
+                                           ("1.25GB", 1_250_000_000), ("0.1GB", 100_000_000)])
+def test_fractions_of_a_unit_that_make_whole_bytes_are_fine(text, expected):
+    assert parse_size(text) == expected

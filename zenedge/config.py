@@ -25,6 +25,16 @@ def _size(v: Any) -> int:
     return parse_size(v)
 
 
+def parse_budget(v: Any) -> int:
+    """The storage budget B: a size, and not 0 (a zero budget would evict every adapter; removing
+    profiles is what `zenedge rm` is for). Checked before any eviction."""
+    size = parse_size(v)
+    if size == 0:
+        raise InvalidInput("a budget of 0 bytes would evict every adapter",
+                           hint="remove profiles with `zenedge rm NAME` instead")
+    return size
+
+
 def _int_at_least(low: int) -> Callable[[Any], int]:
     def parse(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -90,7 +100,7 @@ class Key:
 # section → key → Key. The defaults are the documented ones (DESIGN.md "Config file").
 SCHEMA: dict[str, dict[str, Key]] = {
     "pool": {
-        "budget": Key(_size, "4GiB", "storage budget B for adapters and deltas (bases are separate)"),
+        "budget": Key(parse_budget, "4GiB", "storage budget B for adapters and deltas (bases are separate)"),
         "max_adapters": Key(_int_at_least(1), 8, "slot limit: stored adapters at most"),
         "quality_threshold": Key(_fraction, 0.7, "minimum retention a merge must keep for every member"),
         "merge_rank": Key(_merge_rank, "member", '"member" (largest member\'s rank) or a fixed rank cap'),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 import platformdirs
@@ -41,15 +42,31 @@ def runtime_dir() -> Path:
 
     The default home's daemon lives at <XDG_RUNTIME_DIR>/zenedge (what desktop apps look for); a
     home set with ZENEDGE_HOME gets a subdirectory of its own, so two pools never share a socket.
+    Both levels are made 0700 here (and tightened if an older version left them open), so nobody
+    else can list which pools have daemons.
     """
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and Path(base).is_dir():
+        root = _private_dir(Path(base) / APP)
         if os.environ.get("ZENEDGE_HOME"):
             digest = hashlib.sha256(str(home().resolve()).encode()).hexdigest()[:12]
-            return Path(base) / APP / digest
-        return Path(base) / APP
+            return _private_dir(root / digest)
+        return root
     # No session runtime dir (containers, macOS): keep the socket inside the home, which is ours.
     return home() / "run"
+
+
+def _private_dir(path: Path) -> Path:
+    """Make `path` 0700 (creating it), tightening it when it is ours. Failures are left to the
+    daemon, which refuses a socket directory it cannot trust when it binds."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = path.lstat()
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and info.st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError:
+        pass
+    return path
 
 
 def token_from_env() -> str | None:

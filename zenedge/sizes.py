@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 
 from zenedge.errors import InvalidInput
 
@@ -12,13 +14,24 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
 }
+_HINT = 'write e.g. "16GB", "16GiB", "500MB" or "123B"'
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
-def parse_size(text: str | int) -> int:
-    """Parse a size into bytes; raise InvalidInput with a hint on anything else."""
+def parse_size(text: str | int | float) -> int:
+    """Parse a size into bytes; raise InvalidInput with a hint on anything else.
+
+    Exact, in decimal: a fraction of a unit is fine when it makes whole bytes ("1.5KB" = 1500),
+    never rounded to one ("1.5" or "0.5B" are refused: rounding 0.5B to 0 once evicted a whole pool).
+    """
     if isinstance(text, bool):
-        raise InvalidInput(f"invalid size {text!r}", hint='write e.g. "16GB", "16GiB", "500MB" or "123B"')
+        raise InvalidInput(f"invalid size {text!r}", hint=_HINT)
+    if isinstance(text, float):  # a TOML number such as `budget = 1.5` or `budget = 1e9`
+        if not math.isfinite(text):
+            raise InvalidInput(f"invalid size {text!r}", hint=_HINT)
+        if not text.is_integer():
+            raise InvalidInput(f"invalid size {text!r}: not a whole number of bytes", hint=_HINT)
+        text = int(text)
     if isinstance(text, int):
         if text < 0:
             raise InvalidInput(f"invalid size {text}: must not be negative")
@@ -26,8 +39,11 @@ def parse_size(text: str | int) -> int:
     match = _SIZE.fullmatch(str(text))
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
-        raise InvalidInput(f"invalid size {text!r}", hint='write e.g. "16GB", "16GiB", "500MB" or "123B"')
-    return int(round(float(match.group(1)) * _UNITS[unit]))
+        raise InvalidInput(f"invalid size {text!r}", hint=_HINT)
+    size = Decimal(match.group(1)) * _UNITS[unit]
+    if size != size.to_integral_value():
+        raise InvalidInput(f"invalid size {text!r}: {size.normalize():f} is not a whole number of bytes", hint=_HINT)
+    return int(size)
 
 
 def format_size(n: int) -> str:

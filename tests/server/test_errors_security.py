@@ -34,6 +34,17 @@ def test_malformed_json_is_400(http):
     assert error_of(response, 400)["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize("body", [
+    b"[" * 100_000 + b"]" * 100_000,                                     # valid JSON, nested too deep to parse
+    b'{"model": "p0", "messages": [' + b'{"a": [' * 3000 + b"]}" * 3000 + b"]}",
+    b'{"model": "p0", "messages": [{"role": "user", "content": "\xff\xfe"}]}',  # not UTF-8
+])
+def test_bodies_that_cannot_be_parsed_are_invalid_json(http, body):
+    """Regression: these answered 400 with code "error" (FastAPI's own parse failure)."""
+    error = error_of(http.post("/v1/chat/completions", content=body), 400)
+    assert error["code"] == "invalid_json" and error["message"].startswith("malformed JSON body")
+
+
 @pytest.mark.parametrize("body, where", [
     ({"model": "p0"}, "messages"),
     ({**chat_body("p0", "hi"), "temperature": 500}, "temperature"),

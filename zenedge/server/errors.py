@@ -102,6 +102,14 @@ def validation_error(errors: list[dict[str, Any]]) -> InvalidInput:
     return InvalidRequest(f"invalid request: {_describe_validation(errors)}")
 
 
+def unparsable_body(cause: BaseException | None) -> MalformedJSON:
+    """A body that is JSON in form but cannot be parsed (nested past the parser's depth, not
+    UTF-8): FastAPI reports it as a bare 400, the client gets the same code as any malformed JSON."""
+    reason = ("nested too deeply" if isinstance(cause, RecursionError)
+              else "not valid UTF-8" if isinstance(cause, UnicodeDecodeError) else "cannot parse")
+    return MalformedJSON(f"malformed JSON body: {reason}")
+
+
 def _describe_validation(errors: list[dict[str, Any]]) -> str:
     parts = []
     for error in errors[:3]:
@@ -128,6 +136,8 @@ def install(app) -> None:
             return response(NotFound(f"no endpoint {request.method} {request.url.path}"))
         if exc.status_code == 405:
             return response(MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}"))
+        if exc.status_code == 400:  # FastAPI's answer to a body json.loads could not finish
+            return response(unparsable_body(exc.__cause__))
         error = ZenedgeError(str(exc.detail))
         error.http_status = exc.status_code  # Starlette's own errors keep their status
         return response(error)
