@@ -155,6 +155,21 @@ def test_embed_gives_unit_vectors_per_profile(client):
     assert client.embed(model="p0", input="").embeddings == []
 
 
+def test_embeddings_beside_a_running_generation_change_neither(client):
+    """Embeddings run on their own thread on the same resident model as the scheduler's batches:
+    each thread's variant selection must stay its own."""
+    request = {"model": "forever", "messages": MESSAGES, "options": {"num_predict": 200, "temperature": 0}}
+    alone_text = client.chat(**request).message.content
+    alone_vectors = client.embed(model="p1", input=["hello there", "general kenobi"]).embeddings
+    stream = client.chat(**request, stream=True)
+    parts = [next(stream).message.content]  # the generation is running now
+    during = [client.embed(model="p1", input=["hello there", "general kenobi"]).embeddings for _ in range(3)]
+    parts += [part.message.content for part in stream]
+    assert "".join(parts) == alone_text
+    for vectors in during:
+        assert vectors == [pytest.approx(v, abs=1e-6) for v in alone_vectors]
+
+
 def test_node_style_embeddings_request(daemon):
     """What a Hanzo/Shinkai node sends to its embeddings_server_url: POST /api/embeddings."""
     headers = {"Authorization": f"Bearer {daemon.token}"}
