@@ -286,7 +286,9 @@ def test_delete_removes_a_profile_and_refuses_a_base(fresh_daemon):
 
 def test_malformed_bodies_are_400_in_ollamas_shape(daemon):
     headers = {"Authorization": f"Bearer {daemon.token}"}
-    for body in (b"{not json", json.dumps({"messages": MESSAGES}).encode()):
+    unparsable = [b"[" * 100_000 + b"]" * 100_000,  # JSON nested too deep for the parser (FastAPI: a bare 400)
+                  b'{"model": "p0", "messages": [{"role": "user", "content": "\xff\xfe"}]}']  # not UTF-8
+    for body in (b"{not json", json.dumps({"messages": MESSAGES}).encode(), *unparsable):
         answer = httpx.post(f"{daemon.tcp_url}/api/chat", content=body, headers=headers)
         assert answer.status_code == 400 and isinstance(answer.json()["error"], str)
     chat = httpx.post(f"{daemon.tcp_url}/api/chat", json={**chat_body("p0", "hi"), "stream": False}, headers=headers)

@@ -30,6 +30,7 @@ from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from zenedge import __version__, bases
@@ -84,6 +85,10 @@ class OllamaRoute(APIRoute):
             except RequestValidationError as exc:
                 problem = errors.validation_error(list(exc.errors()))
                 return error_response(problem if problem.http_status == 400 else InvalidInput(problem.message))
+            except HTTPException as exc:
+                if exc.status_code != 400:
+                    raise
+                return error_response(errors.unparsable_body(exc.__cause__))  # FastAPI's own parse failure
             except streaming.ClientGone:
                 raise
             except Exception as exc:
