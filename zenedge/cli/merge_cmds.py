@@ -6,6 +6,7 @@ import click
 
 from zenedge.cli.context import load_config, open_store
 from zenedge.cli.output import json_option, print_json
+from zenedge.cli.progress import PoolProgress
 from zenedge.sizes import format_size
 
 METHODS = ["opcm", "opcm-dense", "kmerge-linear", "ties", "dare", "dare-ties", "monosoup", "svd-soup"]
@@ -21,9 +22,10 @@ def merge(names: tuple[str, ...], method: str, force: bool, json_out: bool) -> N
     """Merge the adapters serving NAMES into one that serves them all."""
     from zenedge.kmerge import manual_merge
 
-    result = manual_merge(open_store(), load_config(), list(names), method, force=force)
     if json_out:
-        return print_json(result)
+        return print_json(manual_merge(open_store(), load_config(), list(names), method, force=force))
+    with PoolProgress() as display:
+        result = manual_merge(open_store(), load_config(), list(names), method, force=force, progress=display.update)
     kept = ", ".join(f"{n} {r:.2f}" for n, r in result["retention"].items())
     click.echo(f"merged {', '.join(result['members'])} with {method} ({format_size(result['bytes'])}); "
                f"retention: {kept}")

@@ -9,6 +9,7 @@ import click
 
 from zenedge.cli.context import load_config, open_store
 from zenedge.cli.output import ago, json_option, print_json, print_table
+from zenedge.cli.progress import PoolProgress, echo_outcome
 from zenedge.sizes import format_size
 
 
@@ -62,10 +63,11 @@ def import_cmd(path: Path, name: str, base: str | None, eval_set: Path | None, j
 
     cfg = load_config()
     importer = policy.import_lora if path.is_dir() or not path.exists() else policy.import_bitdelta
-    result = importer(open_store(), cfg, path, name, base=base, eval_path=eval_set)
     if json_out:
-        return print_json(result)
-    click.echo(f"imported {result['name']} ({result['kind']}, {format_size(result['bytes'])})")
+        return print_json(importer(open_store(), cfg, path, name, base=base, eval_path=eval_set))
+    with PoolProgress() as display:
+        result = importer(open_store(), cfg, path, name, base=base, eval_path=eval_set, progress=display.update)
+    echo_outcome(f"imported {result['name']} ({result['kind']}, {format_size(result['bytes'])})", result)
 
 
 @click.command("rm")

@@ -8,6 +8,7 @@ import click
 
 from zenedge.cli.context import load_config, open_store
 from zenedge.cli.output import json_option, print_json, print_table
+from zenedge.cli.progress import PoolProgress, echo_outcome
 from zenedge.sizes import format_size
 
 
@@ -36,36 +37,11 @@ def pull(reference: str, json_out: bool) -> None:
     store = open_store()
     if json_out:
         return print_json(do_pull(store, cfg, reference))
-    with _PullDisplay() as display:
+    with PoolProgress() as display:
         result = do_pull(store, cfg, reference, progress=display.update)
     note = " (already up to date)" if result["up_to_date"] else ""
-    click.echo(f"pulled {result['name']} {result['version']} ({result['kind']}, {format_size(result['bytes'])}){note}")
-
-
-class _PullDisplay:
-    """Rich progress bars per file (bytes, speed, ETA), status lines for the other steps."""
-
-    def __enter__(self):
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
-
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                 TransferSpeedColumn(), TimeRemainingColumn(), transient=False)
-        self.tasks: dict[str, int] = {}
-        self.progress.__enter__()
-        return self
-
-    def update(self, event: dict) -> None:
-        if "file" in event:
-            task = self.tasks.get(event["file"])
-            if task is None:
-                task = self.tasks[event["file"]] = self.progress.add_task(event["file"], total=event["total"])
-            self.progress.update(task, completed=event["completed"])
-        elif event.get("status") not in ("success",):
-            self.progress.console.print(f"[dim]{event['status']}[/dim]")
-
-    def __exit__(self, *exc):
-        self.progress.__exit__(*exc)
+    echo_outcome(f"pulled {result['name']} {result['version']} ({result['kind']}, {format_size(result['bytes'])}){note}",
+                 result)
 
 
 @click.group("registry")

@@ -165,11 +165,13 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
             (staging / manifest.file("config").path).replace(lora_dir / "adapter_config.json")
             result = policy.import_lora(
                 store, cfg, lora_dir, manifest.name, base=base["name"], eval_path=eval_path,
-                version=manifest.version, description=manifest.description, origin=origin, engine=engine)
+                version=manifest.version, description=manifest.description, origin=origin, engine=engine,
+                progress=progress)
         else:
             result = policy.import_bitdelta(
                 store, cfg, staging / weights.path, manifest.name, base=base["name"], eval_path=eval_path,
-                version=manifest.version, description=manifest.description, origin=origin, engine=engine)
+                version=manifest.version, description=manifest.description, origin=origin, engine=engine,
+                progress=progress)
     report({"status": "success", "name": manifest.name})
     return _result(store, manifest, result["adapter_id"], policy_result=result)
 
@@ -177,6 +179,12 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
 def _result(store: Store, manifest: Manifest, adapter_id: str, up_to_date: bool = False,
             policy_result: dict[str, Any] | None = None) -> dict[str, Any]:
     row = store.resolve(manifest.name)
-    return {"name": manifest.name, "version": manifest.version, "kind": row["kind"], "bytes": row["bytes"],
-            "adapter_id": row["id"], "up_to_date": up_to_date, **({"policy": policy_result.get("action")}
-                                                                  if policy_result and policy_result.get("action") else {})}
+    result = {"name": manifest.name, "version": manifest.version, "kind": row["kind"], "bytes": row["bytes"],
+              "adapter_id": row["id"], "up_to_date": up_to_date}
+    if policy_result:  # what the pool did to admit it (merged with / evicted), and where the time went
+        result["policy"] = policy_result.get("action")
+        result.update({key: policy_result[key] for key in POLICY_DETAILS if policy_result.get(key)})
+    return result
+
+
+POLICY_DETAILS = ("merged_with", "evicted", "attempts", "profile")
