@@ -87,3 +87,19 @@ def test_int4_weights_keep_the_real_bases_answer_loss(real_base_dir):
     for name in ("writer", "arith"):
         assert losses["int4", name] != losses["full", name]            # it did run quantized
         assert abs(losses["int4", name] - losses["full", name]) < 0.03, losses
+
+
+def test_import_is_a_first_command_in_a_fresh_home(isolated_home):
+    """`zenedge import` before any pull or run: it converts the default base itself, with progress,
+    then stores the adapter; later commands find both."""
+    profile = REPO / "profiles" / "arith"
+    result = run_cli("import", str(profile / "adapter"), "--name", "mine", "--eval", str(profile / "eval.jsonl"))
+    assert result.returncode == 0, result.stderr
+    assert "setting up the base smollm2-135m" in result.stdout and "imported mine (lora" in result.stdout
+    assert "Converting" not in result.stderr  # transformers' own bars stay off the terminal
+    listed = json.loads(run_cli("list", "--json", check=True).stdout)
+    assert [row["name"] for row in listed] == ["mine"]
+    assert json.loads(run_cli("base", "list", "--json", check=True).stdout)[0]["name"] == "smollm2-135m"
+    refused = run_cli("merge", "mine")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("error: a merge needs at least two different adapters")

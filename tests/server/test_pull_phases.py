@@ -1,0 +1,28 @@
+"""A pull that has to make room, through the daemon: the pool's phases reach the client as NDJSON
+lines (each also a valid Ollama progress line), and the last line carries the time profile."""
+
+import json
+
+from zenedge.api import wire
+
+
+def test_a_pull_under_pressure_streams_the_pool_phases(fresh_daemon, registry):
+    # Four profiles already fill the four slots: `writer` must be merged into one or evict one.
+    daemon = fresh_daemon(config={"registry": {"urls": [registry]}, "pool": {"max_adapters": 4}})
+    with daemon.uds() as http:
+        with http.stream("POST", "/api/pull", json={"name": "writer"}) as response:
+            assert response.status_code == 200
+            lines = [json.loads(line) for line in response.iter_lines() if line]
+    phases = [line for line in lines if line.get("phase")]
+    kinds = [line["phase"] for line in phases]
+    assert kinds[:2] == ["rank", "fold"] and "gate" in kinds and kinds[-1] in ("commit", "evict")
+    assert all(line["status"] for line in phases)
+    assert all(wire.PullProgress.model_validate(line).status for line in lines)
+    final = lines[-1]
+    assert final["status"] == "success" and final["policy"] in ("merged", "evicted")
+    profile = final["profile"]
+    assert [p["phase"] for p in profile["phases"]][:2] == ["rank", "fold"]
+    assert profile["by_phase"]["gate"] > 0 and profile["total_seconds"] >= profile["by_phase"]["gate"]
+    with daemon.uds() as http:
+        names = {m["name"] for m in http.get("/api/list").json()["models"]}
+    assert "writer" in names and len(names) >= 4

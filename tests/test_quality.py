@@ -1,0 +1,72 @@
+"""The gate's sequential test (zenedge.quality.verdict): pure arithmetic, checked as properties."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zenedge.quality import GAIN_EPS, MIN_EXAMPLES, retention, verdict
+
+
+def sets(min_size=1, max_size=64):
+    """Per-example (base, own, merged) summed losses and answer-token counts of one eval set."""
+    example = st.tuples(st.floats(0.5, 60.0), st.floats(0.0, 60.0), st.floats(0.0, 80.0), st.integers(1, 40))
+    return st.lists(example, min_size=min_size, max_size=max_size).map(lambda rows: tuple(map(list, zip(*rows))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(sets(), st.floats(0.0, 1.0))
+def test_reading_the_whole_set_is_the_retention_rule(data, threshold):
+    base, own, merged, tokens = data
+    count = sum(tokens)
+    result = verdict(base, own, merged, tokens, threshold, population=len(merged))
+    expected = retention(sum(base) / count, sum(own) / count, sum(merged) / count)
+    assert result.decided and result.examples == len(merged)
+    assert result.retention == pytest.approx(expected)
+    if abs(expected - threshold) > 1e-9:  # away from the float tie, the rule is exactly retention >= T
+        assert result.passed == (expected >= threshold)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sets(max_size=MIN_EXAMPLES - 1), st.floats(0.0, 1.0))
+def test_no_verdict_before_min_examples_unless_the_set_is_that_small(data, threshold):
+    base, own, merged, tokens = data
+    assert not verdict(base, own, merged, tokens, threshold, population=64).decided
+
+
+@settings(max_examples=200, deadline=None)
+@given(sets(min_size=MIN_EXAMPLES, max_size=40), st.floats(0.05, 0.95), st.floats(0.0, 0.5))
+def test_a_better_merge_never_turns_a_pass_into_a_fail(data, threshold, improvement):
+    base, own, merged, tokens = data
+    before = verdict(base, own, merged, tokens, threshold, population=64)
+    better = [m * (1 - improvement) for m in merged]
+    after = verdict(base, own, better, tokens, threshold, population=64)
+    if before.decided and before.passed:
+        assert not (after.decided and not after.passed)
+
+
+def test_clear_cases_stop_at_min_examples():
+    n = MIN_EXAMPLES
+    tokens = [10] * n
+    base = [30.0 + (i % 3) for i in range(n)]
+    own = [b - 10.0 for b in base]
+    kept = verdict(base, own, [o + 0.5 for o in own], tokens, 0.7, population=64)     # keeps ~95 %
+    lost = verdict(base, own, [b - 1.0 for b in base], tokens, 0.7, population=64)    # keeps ~10 %
+    assert kept.decided and kept.passed and kept.examples == n
+    assert lost.decided and not lost.passed
+
+
+def test_a_borderline_merge_reads_on():
+    n = MIN_EXAMPLES
+    tokens = [10] * n
+    base = [30.0] * n
+    own = [20.0] * n
+    merged = [23.0 + (1.5 if i % 2 else -1.5) for i in range(n)]  # retention 0.7 on average, noisy
+    assert not verdict(base, own, merged, tokens, 0.7, population=64).decided
+
+
+def test_an_adapter_without_gain_only_asks_that_merging_not_hurt():
+    tokens = [10] * 20
+    base = [30.0] * 20
+    own = [30.0] * 20                      # never helped on its own set
+    assert verdict(base, own, [30.0] * 20, tokens, 0.9, 20).passed
+    assert not verdict(base, own, [30.0 + 20 * GAIN_EPS * 10] * 20, tokens, 0.9, 20).passed
