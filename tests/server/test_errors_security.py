@@ -45,6 +45,20 @@ def test_bodies_that_cannot_be_parsed_are_invalid_json(http, body):
     assert error["code"] == "invalid_json" and error["message"].startswith("malformed JSON body")
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", b'{"model": "p0", "messages": [{"role": "user", "content": "\\ud800"}]}'),
+    ("/v1/chat/completions", b'{"model": "p0", "messages": [{"role": "user", "content": [{"type": "text", '
+                             b'"text": "a\\udfffb"}]}]}'),
+    ("/v1/completions", b'{"model": "p0", "prompt": "hi", "stop": ["\\ud800"]}'),
+])
+def test_lone_surrogates_are_422_and_the_connection_lives_on(http, path, body):
+    """Regression (found by tests/faults.py): an escaped lone surrogate reached the tokenizer, the
+    request ended in a 500 and the server dropped the keep-alive connection."""
+    error = error_of(http.post(path, content=body), 422)
+    assert error["code"] == "invalid_request" and "surrogate" in error["message"]
+    assert http.get("/health").status_code == 200  # same client, same connection
+
+
 @pytest.mark.parametrize("body, where", [
     ({"model": "p0"}, "messages"),
     ({**chat_body("p0", "hi"), "temperature": 500}, "temperature"),

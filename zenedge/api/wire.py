@@ -27,12 +27,40 @@ MAX_TOKENS = 65536  # SamplingParams' own limit
 MAX_EMBEDDING_INPUTS = 256  # texts per embedding request (each also bounded in tokens: runtime/embed.py)
 
 
+def _no_lone_surrogates(value: Any) -> Any:
+    """Python's JSON decoder turns an escaped lone surrogate ("\\ud800") into a str that no UTF-8
+    encoder or tokenizer accepts: refuse it here (422) rather than fail in the middle of a request."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("text holds a lone UTF-16 surrogate (an escape like \\ud800), not a character") from None
+    elif isinstance(value, dict):
+        for item in value.values():
+            _no_lone_surrogates(item)
+    elif isinstance(value, list):
+        for item in value:
+            _no_lone_surrogates(item)
+    return value
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable_text(cls, data: Any) -> Any:
+        return _no_lone_surrogates(data)
 
 
 class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable_text(cls, data: Any) -> Any:
+        return _no_lone_surrogates(data)
 
 
 class Reply(BaseModel):
