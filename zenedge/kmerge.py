@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from zenedge.adapters.lora_tensors import read_lora_factors, write_peft_adapter
+from zenedge.adapters.lora_tensors import read_lora_factors, round_to, stored_dtype, write_peft_adapter
 from zenedge.config import Config
 from zenedge.merge import LowRankOPCMState, LoraFactors, lowrank_opcm_init, lowrank_opcm_step, rank_by_similarity
 from zenedge.phases import Phases
@@ -51,6 +51,7 @@ class Attempt:
     state: Any = None              # LowRankOPCMState for LoRA merges, a dict for 1-bit merges
     merged_path: Path | None = None  # the re-binarised file of a 1-bit merge
     qualities: dict[str, dict[str, Any]] = field(default_factory=dict)  # anchors measured on the way
+    dtype: torch.dtype = torch.float32  # what a LoRA merge is stored in: the replaced adapter's dtype
 
     @property
     def min_retention(self) -> float:
@@ -115,10 +116,14 @@ class PoolMerger:
             else:
                 state = lowrank_opcm_init(stored, cap)
             state = lowrank_opcm_step(state, incoming.factors, OPCM_ALPHA, cap)
-        attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.get("pool", "quality_threshold"), state)
+        # Stored in the candidate's dtype (bf16 profiles stay bf16: the merge takes the slot's bytes,
+        # not twice them), and gated as stored.
+        dtype = stored_dtype(self.store.blob_path(candidate["sha256"]))
+        attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.get("pool", "quality_threshold"), state,
+                          dtype=dtype)
         own = self.variant(candidate["id"], stored)
-        return self._gate(attempt, candidate, own, self.variant("candidate-merge", state.merged), incoming,
-                          self.variant("incoming", incoming.factors))
+        return self._gate(attempt, candidate, own, self.variant("candidate-merge", round_to(state.merged, dtype)),
+                          incoming, self.variant("incoming", incoming.factors))
 
     def delta_candidates(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
         from zenedge.bitdelta.fileformat import load_bitdelta
@@ -188,7 +193,7 @@ class PoolMerger:
         if attempt.merged_path is not None:  # a 1-bit merge: already written, re-binarised
             return attempt.merged_path, {"format": "zenedge.bitdelta", "merged": "opcm"}, \
                 {**attempt.state, "members": attempt.members}
-        config = write_peft_adapter(attempt.state.merged, directory, base_model=base)
+        config = write_peft_adapter(attempt.state.merged, directory, base_model=base, dtype=attempt.dtype)
         state = {"method": "opcm", "alpha": OPCM_ALPHA, "lam": attempt.state.lam, "norms": list(attempt.state.norms),
                  "members": attempt.members, "energy_kept": attempt.state.truncation.energy_kept_overall,
                  "rank": config["r"]}
@@ -257,10 +262,12 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
     adapters = [merger.factors(row) for row in rows.values()]
     with phases.phase("fold", f"merging {', '.join(dict.fromkeys(names))} ({method})"):
         result = run_method(method, adapters, max_rank=rank_cap(cfg, *adapters))
+    dtype = max((stored_dtype(store.blob_path(row["sha256"])) for row in rows.values()),
+                key=lambda d: torch.finfo(d).bits)
     members = [merger.member(name, merger.variant(adapter_id, factors), rows[adapter_id]["kind"] == "lora")
                for adapter_id, factors in zip(rows, adapters) for name in store.names_of(adapter_id)]
     threshold = cfg.get("pool", "quality_threshold")
-    gate = merger.gate.check(members, merger.variant("manual-merge", result.adapter), threshold, phases,
+    gate = merger.gate.check(members, merger.variant("manual-merge", round_to(result.adapter, dtype)), threshold, phases,
                              stop_at_failure=not force)
     retention = {m.name: round(m.retention, 4) for m in gate.measurements}
     if not gate.passed and not force:
@@ -269,7 +276,7 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
                             "nothing was changed", hint="use --force to keep it anyway")
     member_names = [m.name for m in members]
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work, phases.phase("commit", "storing the merged adapter"):
-        config = write_peft_adapter(result.adapter, Path(work), base_model=base)
+        config = write_peft_adapter(result.adapter, Path(work), base_model=base, dtype=dtype)
         merged = NewAdapter(kind="merged", base=base, weights=Path(work) / "adapter_model.safetensors",
                             rank=config["r"], target_modules=sorted(result.adapter), config=config,
                             state={"method": method, "members": member_names,

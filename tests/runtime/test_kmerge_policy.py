@@ -292,3 +292,25 @@ def test_import_refuses_an_unusable_eval_set(store, tmp_path, make_profile, cont
     with pytest.raises(InvalidInput, match=message):
         policy.import_lora(store, set_config(tmp_path, ""), a_dir, "alpha", base="tiny", eval_path=bad)
     assert store.names() == []
+
+
+def test_bf16_profiles_merge_into_bf16_under_byte_pressure(store, tmp_path, make_profile):
+    """Regression: merges were written in fp32, twice a bf16 slot's bytes, so under a byte budget
+    every accepted merge of the (bf16) registry profiles was refused at commit and evicted instead."""
+    from safetensors.torch import load_file, save_file
+
+    from zenedge.adapters.safetensors_file import read_header
+
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.02)
+    for d in (a_dir, b_dir):
+        weights = d / "adapter_model.safetensors"
+        save_file({k: v.bfloat16() for k, v in load_file(weights).items()}, str(weights))
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    assert result["action"] == "merged"
+    header = read_header(store.blob_path(result["adapter_id"]))
+    assert {info.dtype for info in header.tensors.values()} == {"BF16"}
+    assert store.check(budget=cfg.budget) == []

@@ -43,6 +43,27 @@ def read_lora_factors(weights: Path, config: dict, *, device: torch.device | str
     return factors
 
 
+_STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def stored_dtype(weights: Path) -> torch.dtype:
+    """The widest float dtype among a LoRA file's tensors (what a merged adapter replacing it is
+    written in, so it takes the bytes of the adapter it replaces, not twice them)."""
+    from zenedge.adapters.safetensors_file import read_header
+
+    dtypes = {_STORED[info.dtype] for info in read_header(weights).tensors.values() if info.dtype in _STORED}
+    return max(dtypes, key=lambda d: (torch.finfo(d).bits, d == torch.bfloat16), default=torch.float32)
+
+
+def round_to(factors: dict[str, LoraFactors], dtype: torch.dtype) -> dict[str, LoraFactors]:
+    """The factors as they will read back after `write_peft_adapter(..., dtype=dtype)` (kept in
+    their own dtype): what a gate must measure, since that is what is stored and served."""
+    out = {}
+    for module, f in factors.items():
+        out[module] = LoraFactors(f.A.to(dtype).to(f.A.dtype), (f.B * f.scale).to(dtype).to(f.B.dtype), 1.0)
+    return out
+
+
 def write_peft_adapter(factors: dict[str, LoraFactors], directory: Path, *, base_model: str,
                        dtype: torch.dtype = torch.float32) -> dict:
     """Write factors as a PEFT LoRA directory (one uniform rank, scale folded so lora_alpha = r).
