@@ -23,7 +23,7 @@ from zenedge.phases import Phases
 from zenedge.quality import GateResult, Measurement, Member, QualityGate
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant, lora_variant
-from zenedge.store import Store
+from zenedge.store import NewAdapter, NewName, Store
 
 MERGEABLE = ("lora", "merged")
 EDITS_ONE = {"monosoup"}  # manual methods that rewrite a single adapter; every other needs two or more
@@ -210,8 +210,6 @@ class PoolMerger:
 
     def _commit(self, attempt: Attempt, base: str, workdir: Path, *, replaces: list[str], budget: int,
                 max_adapters: int | None, newcomer, source: str) -> str:
-        from zenedge.store import NewAdapter, NewName
-
         weights, config, state = self.write(attempt, base, workdir)
         one_bit = attempt.merged_path is not None
         merged = NewAdapter(kind="bitdelta" if one_bit else "merged", base=base, weights=weights,
@@ -219,7 +217,7 @@ class PoolMerger:
                             target_modules=sorted(self.store.adapter(replaces[0])["target_modules"]) if one_bit
                             else sorted(attempt.state.merged),
                             origin={"source": source, "members": attempt.members})
-        names = [NewName(name=n, quality=attempt.qualities.get(n) or (self.store.name(n) or {}).get("quality") or {})
+        names = [member_entry(self.store, n, attempt.qualities.get(n))
                  for n in attempt.members if newcomer is None or n != newcomer.name]
         if newcomer is not None:
             newcomer.quality = attempt.qualities.get(newcomer.name, newcomer.quality)
@@ -237,7 +235,6 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
     from zenedge import policy
     from zenedge.errors import InvalidInput, MergeRejected
     from zenedge.merge import merge as run_method
-    from zenedge.store import NewAdapter, NewName
 
     rows: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -282,8 +279,7 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
                             state={"method": method, "members": member_names,
                                    "energy_kept": result.truncation.energy_kept_overall, **_json_safe(result.details)},
                             origin={"source": "merge", "members": member_names, "method": method})
-        entries = [NewName(name=n, quality=gate.anchors.get(n) or (store.name(n) or {}).get("quality") or {})
-                   for n in member_names]
+        entries = [member_entry(store, n, gate.anchors.get(n)) for n in member_names]
         adapter_id = store.put_adapter(merged, entries, budget=max(cfg.budget, store.used_bytes()),
                                        replaces=list(rows), event="merge",
                                        merge={"members": json.dumps(member_names), "method": method,
@@ -292,6 +288,17 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
             "examples": {m.name: m.examples for m in gate.measurements if m.metric == "loss"},
             "energy_kept": result.truncation.energy_kept_overall, "bytes": store.adapter(adapter_id)["bytes"],
             "profile": phases.profile()}
+
+
+def member_entry(store: Store, name: str, quality: dict[str, Any] | None) -> NewName:
+    """A stored profile re-pointed to a merged adapter: everything it had (version, description,
+    origin, its eval set) and its quality anchors, updated where the gate measured new ones. (The
+    eval set was dropped here once, which silently moved every later gate of a merged member onto
+    the data-free proxy.)"""
+    row = store.name(name) or {}
+    eval_path = store.blob_path(row["eval_blob"]) if row.get("eval_blob") else None
+    return NewName(name=name, version=row.get("version") or "", description=row.get("description") or "",
+                   eval_path=eval_path, quality=quality or row.get("quality") or {}, origin=row.get("origin") or {})
 
 
 def _json_safe(details: dict[str, Any]) -> dict[str, Any]:

@@ -314,3 +314,24 @@ def test_bf16_profiles_merge_into_bf16_under_byte_pressure(store, tmp_path, make
     header = read_header(store.blob_path(result["adapter_id"]))
     assert {info.dtype for info in header.tensors.values()} == {"BF16"}
     assert store.check(budget=cfg.budget) == []
+
+
+def test_merged_members_keep_their_eval_sets_for_later_gates(store, tmp_path, make_profile):
+    """Regression: re-pointing members to a merged adapter dropped their eval sets (and versions),
+    so every later gate of a merged member fell back to the data-free proxy."""
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.02)
+    c_dir, c_eval = make_profile("gamma", 3, like=a_dir, noise=0.02)
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 6000}B"\nquality_threshold = 0.3\n')
+    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval, version="1.2.0")
+    policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    alpha = store.name("alpha")
+    assert alpha["eval_blob"] and alpha["version"] == "1.2.0" and alpha["quality"]["per_example"]
+    events = []
+    result = policy.import_lora(store, cfg, c_dir, "gamma", base="tiny", eval_path=c_eval, progress=events.append)
+    assert result["action"] == "merged"
+    gates = [e["status"] for e in events if e["phase"] == "gate"]
+    assert gates and not any("proxy" in g for g in gates)
+    assert set(result["attempts"][-1]["examples"]) == {"alpha", "beta", "gamma"}
+    assert all(store.name(n)["eval_blob"] for n in ("alpha", "beta", "gamma"))

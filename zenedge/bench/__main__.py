@@ -1,4 +1,4 @@
-"""`python -m zenedge.bench [run|dtypes|merge] [options]`: the same commands as `zenedge bench`."""
+"""`python -m zenedge.bench [run|dtypes|merge|pool] [options]`: the same commands as `zenedge bench`."""
 
 import sys
 

@@ -1,0 +1,106 @@
+"""`zenedge bench pool`: the pool at interactive speed, measured as a user meets it.
+
+A fresh home and config; `zenedge pull FIRST` (which also converts the default base: timed apart);
+`zenedge budget set` to about 3.5 LoRA profiles of the registry; then `zenedge pull` of every other
+LoRA profile of the registry, one after another. Every command is a fresh `zenedge` process (start-up,
+imports and base load included, as a person typing them pays them), with OMP_NUM_THREADS set to
+`threads` (torch takes its thread count from it). Each pull's `--json` result carries what the
+pool did and where its time went (phases.py); the report is wall time per pull, the median of the
+pulls that merged, and the whole scenario end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+BUDGET_PROFILES = 3.5
+
+
+def lora_profiles() -> list[dict[str, Any]]:
+    """The embedded registry's LoRA profiles (name, size), in the index's order."""
+    from zenedge.registry.sources import embedded_root
+
+    index = json.loads((embedded_root() / "index.json").read_text())
+    return [p for p in index["profiles"] if p["kind"] == "lora"]
+
+
+def _zenedge(args: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "zenedge.cli", *args], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"zenedge {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+    return seconds, done
+
+
+def run(*, threads: int = 1, first: str = "arith", log: Callable[[str], None] = print) -> dict[str, Any]:
+    profiles = lora_profiles()
+    names = [first] + [p["name"] for p in profiles if p["name"] != first]
+    budget = int(BUDGET_PROFILES * statistics.median(p["size"] for p in profiles))
+    with tempfile.TemporaryDirectory(prefix="zenedge-bench-pool-") as tmp:
+        env = {**os.environ, "ZENEDGE_HOME": f"{tmp}/home", "ZENEDGE_CONFIG": f"{tmp}/config.toml",
+               "OMP_NUM_THREADS": str(threads)}
+        Path(env["ZENEDGE_CONFIG"]).write_text('[runtime]\ndevice = "cpu"\n')
+        start = time.perf_counter()
+        seconds, _ = _zenedge(["base", "list"], env)  # a process's fixed cost: imports, no model
+        pulls = []
+        setup_seconds, done = _zenedge(["pull", first, "--json"], env)
+        log(f"pull {first} (with the base's first-use conversion): {setup_seconds:.1f} s")
+        pulls.append(_row(first, setup_seconds, json.loads(done.stdout), first_use=True))
+        _zenedge(["budget", "set", f"{budget}B"], env)
+        for name in names[1:]:
+            took, done = _zenedge(["pull", name, "--json"], env)
+            row = _row(name, took, json.loads(done.stdout))
+            pulls.append(row)
+            log(f"pull {name}: {took:.1f} s, {row['action']}"
+                + (f" with {', '.join(row['merged_with'])}" if row["merged_with"] else "")
+                + (f", evicted {', '.join(row['evicted'])}" if row["evicted"] else ""))
+        total = time.perf_counter() - start
+        _, listed = _zenedge(["list", "--json"], env)
+    merged = [p["seconds"] for p in pulls if p["action"] == "merged"]
+    return {"threads": threads, "budget_bytes": budget, "profiles": names, "process_seconds": seconds,
+            "pulls": pulls, "total_seconds": total, "pulls_after_setup_seconds": total - setup_seconds,
+            "merged_median_seconds": statistics.median(merged) if merged else None,
+            "pool": [{"name": r["name"], "served_by": r["served_by"], "kind": r["kind"]}
+                     for r in json.loads(listed.stdout)]}
+
+
+def _row(name: str, seconds: float, result: dict[str, Any], first_use: bool = False) -> dict[str, Any]:
+    profile = result.get("profile") or {}
+    attempts = result.get("attempts") or []
+    return {"name": name, "seconds": round(seconds, 2), "action": result.get("policy", "stored"),
+            "merged_with": result.get("merged_with") or [], "evicted": result.get("evicted") or [],
+            "candidates_gated": len(attempts),
+            "examples_read": [sum(a.get("examples", {}).values()) for a in attempts],
+            "pool_seconds": profile.get("total_seconds"), "by_phase": profile.get("by_phase", {}),
+            "first_use": first_use}
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown: one row per pull (wall time, what the pool did, where the pool's time went)."""
+    lines = ["| pull | wall s | pool s | action | gate s | anchors s | candidates | examples read |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in result["pulls"]:
+        what = p["action"] + (f" with {'+'.join(p['merged_with'])}" if p["merged_with"] else "") \
+            + (f", evicted {'+'.join(p['evicted'])}" if p["evicted"] else "")
+        phases = p["by_phase"]
+        lines.append(f"| {p['name']}{' (base set-up)' if p['first_use'] else ''} | {p['seconds']:.1f} | "
+                     f"{p['pool_seconds'] or 0:.1f} | {what} | {phases.get('gate', 0):.1f} | "
+                     f"{phases.get('anchors', 0):.1f} | {p['candidates_gated']} | "
+                     f"{', '.join(map(str, p['examples_read'])) or '-'} |")
+    median = result["merged_median_seconds"]
+    lines += ["", f"- {len(result['pulls'])} pulls end to end: {result['total_seconds']:.0f} s "
+                  f"({result['pulls_after_setup_seconds']:.0f} s after the first pull's base set-up); "
+                  f"a bare `zenedge` process: {result['process_seconds']:.1f} s",
+              f"- median wall time of a pull that merged: {median:.1f} s" if median is not None
+              else "- no pull merged",
+              f"- budget {result['budget_bytes']} B ({BUDGET_PROFILES} profiles), OMP_NUM_THREADS={result['threads']}"]
+    return "\n".join(lines)
