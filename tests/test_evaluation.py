@@ -94,6 +94,21 @@ def test_example_losses_are_per_row_sums_on_either_head_path(model, tokenizer, m
         answer_loss(model, encoded, batch_size=2), rel=1e-6)
 
 
+def test_a_shared_prefix_run_once_gives_the_same_losses(model, tokenizer):
+    from zenedge.evaluation import prefix_states, shared_prefix
+
+    encoded = encode_examples(tokenizer, EXAMPLES[:3], max_len=256)  # no system turn: SmolLM2's default one
+    skip = shared_prefix(encoded)
+    assert skip >= 8 and all(e.prompt_ids[:skip] == encoded[0].prompt_ids[:skip] for e in encoded)
+    full = example_losses(model, right_padded_batch(encoded, pad_id=tokenizer.pad_token_id))
+    states = prefix_states(model, encoded[0].prompt_ids[:skip])
+    prefix = [(k.expand(len(encoded), -1, -1, -1), v.expand(len(encoded), -1, -1, -1)) for k, v in states]
+    skipped = example_losses(model, right_padded_batch(encoded, pad_id=tokenizer.pad_token_id, skip=skip), prefix)
+    assert torch.allclose(full, skipped, rtol=1e-5)
+    with pytest.raises(ValueError, match="skip"):
+        right_padded_batch(encoded, pad_id=0, skip=min(len(e.prompt_ids) for e in encoded))
+
+
 def test_answer_loss_does_not_depend_on_padding_or_batching(model, tokenizer):
     encoded = encode_examples(tokenizer, EXAMPLES, max_len=256)
     batched = answer_loss(model, encoded, batch_size=4)

@@ -70,3 +70,13 @@ def test_an_adapter_without_gain_only_asks_that_merging_not_hurt():
     own = [30.0] * 20                      # never helped on its own set
     assert verdict(base, own, [30.0] * 20, tokens, 0.9, 20).passed
     assert not verdict(base, own, [30.0 + 20 * GAIN_EPS * 10] * 20, tokens, 0.9, 20).passed
+
+
+def test_a_merge_on_the_threshold_is_decided_once_retention_is_known_closely():
+    n = 32
+    tokens = [10] * n
+    base = [30.0] * n
+    own = [20.0] * n
+    merged = [23.0 + (0.1 if i % 2 else -0.1) for i in range(n)]   # retention 0.70 ± 0.01: on the line
+    result = verdict(base, own, merged, tokens, 0.7, population=64)
+    assert result.decided and result.retention == pytest.approx(0.7)

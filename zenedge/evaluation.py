@@ -15,6 +15,7 @@ penalised).
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,21 +150,35 @@ class Batch:
     input_ids: torch.Tensor  # [B, T], right padded
     attention_mask: torch.Tensor  # [B, T], 1 on real tokens
     target_mask: torch.Tensor  # [B, T], 1 where the NEXT token (input_ids[:, t+1]) is scored
+    skip: int = 0  # leading tokens all rows share, left out of input_ids (their keys/values: `prefix_states`)
 
 
-def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int) -> Batch:
-    """Stack prompt+answer sequences, right padded; the mask marks answer-token predictions."""
-    length = max(len(e.prompt_ids) + len(e.answer_ids) for e in encoded)
+def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int, skip: int = 0) -> Batch:
+    """Stack prompt+answer sequences (after their first `skip` tokens), right padded; the mask
+    marks answer-token predictions."""
+    if any(skip >= len(e.prompt_ids) for e in encoded):
+        raise ValueError(f"skip={skip} must leave every prompt's last token (it predicts the first answer token)")
+    length = max(len(e.prompt_ids) + len(e.answer_ids) for e in encoded) - skip
     input_ids = torch.full((len(encoded), length), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(encoded), length), dtype=torch.long)
     target_mask = torch.zeros((len(encoded), length), dtype=torch.bool)
     for row, e in enumerate(encoded):
-        seq = e.prompt_ids + e.answer_ids
+        seq = (e.prompt_ids + e.answer_ids)[skip:]
         input_ids[row, : len(seq)] = torch.tensor(seq)
         attention_mask[row, : len(seq)] = 1
         # Position t predicts token t+1: answer tokens sit at [P, P+A), predicted from [P-1, P+A-1).
-        target_mask[row, len(e.prompt_ids) - 1 : len(seq) - 1] = True
-    return Batch(input_ids, attention_mask, target_mask)
+        target_mask[row, len(e.prompt_ids) - skip - 1 : len(seq) - 1] = True
+    return Batch(input_ids, attention_mask, target_mask, skip)
+
+
+def shared_prefix(encoded: Sequence[EncodedExample]) -> int:
+    """How many leading tokens every example shares and a batch may skip (`right_padded_batch`):
+    the chat template's system turn and user header, ~25 tokens of SmolLM2's 50-120 per example."""
+    first = encoded[0].prompt_ids
+    length = min(len(e.prompt_ids) for e in encoded) - 1
+    for e in encoded[1:]:
+        length = next((i for i in range(length) if e.prompt_ids[i] != first[i]), length)
+    return max(0, length)
 
 
 def answer_token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -180,26 +195,62 @@ def answer_token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
 _PLAIN_HEAD = {"llama", "mistral", "qwen2", "qwen3", "phi3"}
 
 
-def _scored_logits(model, batch: Batch) -> torch.Tensor:
+def supports_prefix(model) -> bool:
+    """Whether `example_losses` can take a shared prefix's keys and values for this model (causal
+    LMs whose logits are lm_head of the decoder's last hidden state and whose decoder takes a cache)."""
+    return getattr(model.config, "model_type", None) in _PLAIN_HEAD and getattr(model, "model", None) is not None
+
+
+def _cache_keyword(decoder) -> str:
+    # transformers 5 renamed `past_key_values` to `cache` (the old name still works, with a warning).
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def prefix_states(model, prefix_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys and values of a prompt prefix (one row) in every layer: [1, heads, P, head_dim] each."""
+    decoder = model.model
+    device = next(model.parameters()).device
+    out = decoder(input_ids=torch.tensor([list(prefix_ids)], device=device), use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _scored_logits(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
     """fp32 logits at the positions that predict answer tokens: [N_answer_tokens, V]."""
     mask = batch.target_mask[:, :-1]  # [B, T-1]
-    decoder = getattr(model, "model", None)
-    if getattr(model.config, "model_type", None) in _PLAIN_HEAD and decoder is not None:
-        hidden = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    if supports_prefix(model):
+        decoder = model.model
+        kwargs = {}
+        attention_mask = batch.attention_mask
+        if batch.skip:
+            from transformers import DynamicCache
+
+            cache = DynamicCache()
+            for layer, (keys, values) in enumerate(prefix):
+                cache.update(keys, values, layer)
+            kwargs[_cache_keyword(decoder)] = cache
+            attention_mask = torch.cat([attention_mask.new_ones(attention_mask.shape[0], batch.skip), attention_mask], 1)
+        hidden = decoder(input_ids=batch.input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
         head = model.get_output_embeddings()
         with torch.autocast(hidden.device.type, enabled=False):  # the head in fp32, whatever the body ran in
             return F.linear(hidden[:, :-1][mask].float(), head.weight.float(),
                             None if head.bias is None else head.bias.float())
+    if batch.skip:
+        raise ValueError(f"{type(model).__name__}: a shared prefix needs a plain-head causal LM")
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     return logits[:, :-1][mask].float()
 
 
 @torch.no_grad()
-def example_losses(model, batch: Batch) -> torch.Tensor:
+def example_losses(model, batch: Batch,
+                   prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
     """Summed answer-token cross-entropy of each row of `batch`: [B] (fp64). Summed, not averaged,
-    so that sets of examples combine token-weighted (a mean loss is Σ sums / Σ answer tokens)."""
+    so that sets of examples combine token-weighted (a mean loss is Σ sums / Σ answer tokens).
+    With `batch.skip`, `prefix` holds each layer's keys and values of the skipped tokens for every
+    row ([B, heads, skip, head_dim]; rows of different variants have different ones)."""
     mask = batch.target_mask[:, :-1]
-    losses = F.cross_entropy(_scored_logits(model, batch), batch.input_ids[:, 1:][mask], reduction="none")
+    losses = F.cross_entropy(_scored_logits(model, batch, prefix), batch.input_ids[:, 1:][mask], reduction="none")
     rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)[mask]
     return torch.zeros(mask.shape[0], dtype=torch.float64, device=mask.device).index_add_(0, rows, losses.double())
 

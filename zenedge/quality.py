@@ -10,12 +10,14 @@ Why it is fast (BENCHMARKS.md, "The pool at interactive speed"):
   example i, z_i = (b_i − m_i) − T·(b_i − o_i) (summed answer-token losses: base, merged, own);
   the full-set verdict "retention ≥ T" is exactly "Σ z ≥ 0". After MIN_EXAMPLES the gate stops
   as soon as the mean of z is CONFIDENCE standard errors (finite-population corrected) from 0,
-  so a clear pass or fail reads 16 examples, a borderline one up to MAX_EXAMPLES.
+  or once retention is known to ±INDIFFERENCE (a merge on the threshold: either verdict is as
+  good), so a clear pass or fail reads 16 examples, a borderline one up to MAX_EXAMPLES.
 - Lockstep: every member of a candidate advances together and the first clear failure ends the
   attempt; the rows of one round (all members, base/own/merged) share padded batches.
-- Cheap forwards: the head runs on the answer positions only (evaluation.example_losses), and on
-  CPUs with native bf16 the body runs under bf16 autocast (2.3× fp32's matmul throughput on this
-  project's machine; retention moves by < 0.005).
+- Cheap forwards: the head runs on the answer positions only (evaluation.example_losses), the
+  prompt prefix every example shares runs once per variant, and on CPUs with native bf16 the body
+  runs under bf16 autocast (2.3× fp32's matmul throughput on this project's machine; retention
+  moves by < 0.005).
 
 For a member WITHOUT an eval set, a data-free proxy: on fixed generic prompts, retention =
 1 − KL(p_current ‖ p_merged) / KL(p_current ‖ p_base), where p_current is the adapter serving
@@ -35,7 +37,7 @@ from typing import Any, Sequence
 import torch
 
 from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, example_losses, load_eval_set,
-                                right_padded_batch)
+                                prefix_states, right_padded_batch, shared_prefix, supports_prefix)
 from zenedge.phases import Phases
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant
@@ -43,9 +45,11 @@ from zenedge.runtime.variants import Variant
 MAX_EXAMPLES = 64     # the most examples of a set the gate reads (a borderline verdict)
 MIN_EXAMPLES = 16     # read before any verdict: enough for a first variance estimate
 ROUND = 8             # examples per member per round after the first
-CONFIDENCE = 2.5      # standard errors between the mean of z and 0 before stopping early
+CONFIDENCE = 2.0      # standard errors between the mean of z and 0 before stopping early
+INDIFFERENCE = 0.05   # a retention known to ±this around the threshold is too close to matter: decide
 MAX_LEN = 384
 SCORE_BATCH = 16
+MIN_SHARED = 8        # shorter shared prefixes are not worth a separate pass
 GAIN_EPS = 1e-3       # below this (nats per token), the member did not improve on the base: nothing to keep
 GENERIC_PROMPTS = [
     "Tell me about your day.", "What is the capital of Italy?", "Write one sentence about rain.",
@@ -80,11 +84,13 @@ def verdict(base: Sequence[float], own: Sequence[float], merged: Sequence[float]
     count = max(1, sum(tokens[:n]))
     b, o, m = sum(base[:n]) / count, sum(own[:n]) / count, sum(merged[:n]) / count
     value = retention(b, o, m)
+    gain = 0.0   # per example, for the indifference zone (none when there is no gain to keep)
     if b - o < GAIN_EPS:  # the same rule as retention(): the merge must not hurt
         ref = base if b >= o else own
         z = [ref[i] + GAIN_EPS * tokens[i] - merged[i] for i in range(n)]
     else:
         z = [(base[i] - merged[i]) - threshold * (base[i] - own[i]) for i in range(n)]
+        gain = (sum(base[:n]) - sum(own[:n])) / n
     total = sum(z)
     if n >= population:
         return Verdict(True, total >= 0, value, n)
@@ -97,6 +103,10 @@ def verdict(base: Sequence[float], own: Sequence[float], merged: Sequence[float]
         return Verdict(True, True, value, n)
     if mean + CONFIDENCE * error < 0:
         return Verdict(True, False, value, n)
+    # Retention - threshold = mean(z) / gain: once its interval is narrower than ±INDIFFERENCE the
+    # merge sits on the threshold, where either verdict is as good; reading on would not change that.
+    if CONFIDENCE * error < INDIFFERENCE * gain:
+        return Verdict(True, mean >= 0, value, n)
     return Verdict(False, False, value, n)
 
 
@@ -198,16 +208,34 @@ class QualityGate:
 
     def score(self, rows: Sequence[tuple[Variant | None, EncodedExample]]) -> list[float]:
         """Summed answer loss of each (variant, example) row; rows of any variants share batches
-        (sorted by length: little padding; the runtime applies each row's variant)."""
+        (sorted by length: little padding; the runtime applies each row's variant). The tokens
+        every row of a batch shares (the chat template's system turn) run once per variant, their
+        keys and values reused by each row: a quarter to a half of a short example's tokens."""
+        model = self.resident.model
         pad = self.resident.tokenizer.pad_token_id or 0
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][1].prompt_ids) + len(rows[i][1].answer_ids))
+        states: dict[tuple[str | None, tuple[int, ...]], list] = {}
         sums = [0.0] * len(rows)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
-            batch = right_padded_batch([rows[i][1] for i in chunk], pad)
+            variants, examples = [rows[i][0] for i in chunk], [rows[i][1] for i in chunk]
+            skip = shared_prefix(examples) if supports_prefix(model) else 0
+            skip = skip if skip >= MIN_SHARED else 0
+            prefix = None
+            if skip:
+                ids = tuple(examples[0].prompt_ids[:skip])
+                for variant in variants:
+                    key = (variant.key if variant else None, ids)
+                    if key not in states:
+                        with self.resident.state.using([variant], plain=True), self._precision():
+                            states[key] = prefix_states(model, ids)
+                per_row = [states[(v.key if v else None, ids)] for v in variants]
+                prefix = [(torch.cat([s[layer][0] for s in per_row]), torch.cat([s[layer][1] for s in per_row]))
+                          for layer in range(len(per_row[0]))]
+            batch = right_padded_batch(examples, pad, skip)
             # Teacher-forced scoring reads text like a prefill: on the plain weights (runtime/layers.py).
-            with self.resident.state.using([rows[i][0] for i in chunk], plain=True), self._precision():
-                values = example_losses(self.resident.model, batch).tolist()
+            with self.resident.state.using(variants, plain=True), self._precision():
+                values = example_losses(model, batch, prefix).tolist()
             for i, value in zip(chunk, values):
                 sums[i] = value
         return sums
