@@ -1,17 +1,22 @@
 /* Attention of one new query per row over the cached keys and values (a decode step), fp32.
  *
- * out[b, h] = softmax(scale · q[b, h]·K[b, h/G]ᵀ + mask[b]) · V[b, h/G], G = H / H_kv query heads
- * per KV head (grouped-query attention: each KV head's keys are read once for its G queries).
+ * out[b, h] = softmax(scale · q[b, h]·K[b, h/G, :n_b]ᵀ) · V[b, h/G, :n_b], G = H / H_kv query heads
+ * per KV head (grouped-query attention: each KV head's keys are read once for its G queries), n_b =
+ * lengths[b]: each row attends over its own first n_b cached positions, nothing after them.
  * torch's SDPA spends most of its time on one query per row in set-up: this kernel takes ~8 µs at
  * 64 cached positions where SDPA takes ~13-18 (9 query heads over 3 KV heads of 64, one thread);
  * its Python wrapper's checks and allocation bring that to a tie in isolation, and it still saves
  * ~0.5 ms per decode step in the model, 1.2× at 2000 positions (BENCHMARKS.md, 2026-11-30). The
  * softmax uses a vectorised e^x below.
  *
+ * A row's result depends on its own query, keys, values and length only, summed in the same order
+ * whatever the other rows are or how long they are: a request decodes the same alone as in a batch
+ * (the static cache starts every row at position 0, so a row's positions fall in the same lanes).
+ *
  * q [B, H, D]: element (b, h, d) at b·q_stride + h·D + d; out [B, H, D] contiguous; keys and
- * values: element (b, j, l, d) at b·batch_stride + j·head_stride + l·D + d (views of the static
- * cache's buffers); mask: additive, element (b, l) at b·mask_stride + l. D a multiple of 16, at
- * most 256. Returns 0; -1 when it could not allocate its scratch, -2 for a D it does not take
+ * values: element (b, j, l, d) at b·batch_stride + j·head_stride + l·D + d for l < L (views of the
+ * static cache's buffers); lengths int64 [B], each in 1..L. D a multiple of 16, at most 256.
+ * Returns 0; -1 when it could not allocate its scratch, -2 for a D or a length it does not take
  * (nothing written then).
  */
 #include <immintrin.h>
@@ -40,18 +45,23 @@ static inline __m512 exp_nonpositive(__m512 x) {
 }
 #define MAX_GROUP 64
 
-int zenedge_decode_attention(const float *q, const float *keys, const float *values, const float *mask,
+int zenedge_decode_attention(const float *q, const float *keys, const float *values, const int64_t *lengths,
                              float *out, int64_t B, int64_t H, int64_t H_kv, int64_t L, int64_t D,
-                             int64_t q_stride, int64_t batch_stride, int64_t head_stride, int64_t mask_stride,
-                             float scale) {
+                             int64_t q_stride, int64_t batch_stride, int64_t head_stride, float scale) {
     const int64_t G = H / H_kv, chunks = D / 16;
     if (D % 16 || D > MAX_DIM || G > MAX_GROUP || H % H_kv)
         return -2;
-    float *scores = malloc((size_t)(G * L) * sizeof(float));
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; b++) {
+        if (lengths[b] < 1 || lengths[b] > L)
+            return -2;
+        longest = lengths[b] > longest ? lengths[b] : longest;
+    }
+    float *scores = malloc((size_t)(G * longest) * sizeof(float));
     if (!scores)
         return -1;
     for (int64_t b = 0; b < B; b++) {
-        const float *row_mask = mask + b * mask_stride;
+        const int64_t n = lengths[b];
         for (int64_t j = 0; j < H_kv; j++) {
             const float *k = keys + b * batch_stride + j * head_stride;
             const float *v = values + b * batch_stride + j * head_stride;
@@ -61,7 +71,7 @@ int zenedge_decode_attention(const float *q, const float *keys, const float *val
             float peak[MAX_GROUP];
             for (int64_t i = 0; i < G; i++)
                 peak[i] = -INFINITY;
-            for (int64_t l = 0; l < L; l++) {
+            for (int64_t l = 0; l < n; l++) {
                 __m512 kl[MAX_DIM / 16];
                 for (int64_t c = 0; c < chunks; c++)
                     kl[c] = _mm512_loadu_ps(k + l * D + 16 * c);
@@ -69,31 +79,26 @@ int zenedge_decode_attention(const float *q, const float *keys, const float *val
                     __m512 dot = _mm512_setzero_ps();
                     for (int64_t c = 0; c < chunks; c++)
                         dot = _mm512_fmadd_ps(_mm512_loadu_ps(qs + i * D + 16 * c), kl[c], dot);
-                    float s = _mm512_reduce_add_ps(dot) * scale + row_mask[l];
-                    scores[i * L + l] = s;
+                    float s = _mm512_reduce_add_ps(dot) * scale;
+                    scores[i * n + l] = s;
                     peak[i] = s > peak[i] ? s : peak[i];
                 }
             }
             /* softmax weights, then the weighted sum of values */
             for (int64_t i = 0; i < G; i++) {
-                float *row = scores + i * L;
-                if (peak[i] == -INFINITY) {   /* every position masked with -inf: attend to nothing */
-                    for (int64_t l = 0; l < L; l++)
-                        row[l] = 0.0f;
-                    continue;
-                }
+                float *row = scores + i * n;
                 const __m512 top = _mm512_set1_ps(peak[i]);
                 __m512 total = _mm512_setzero_ps();
-                for (int64_t l = 0; l < L; l += 16) {
-                    __mmask16 live = L - l >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - l)) - 1);
+                for (int64_t l = 0; l < n; l += 16) {
+                    __mmask16 live = n - l >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - l)) - 1);
                     __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + l), top));
                     e = _mm512_maskz_mov_ps(live, e);
                     _mm512_mask_storeu_ps(row + l, live, e);
                     total = _mm512_add_ps(total, e);
                 }
                 const __m512 norm = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-                for (int64_t l = 0; l < L; l += 16) {
-                    __mmask16 live = L - l >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - l)) - 1);
+                for (int64_t l = 0; l < n; l += 16) {
+                    __mmask16 live = n - l >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - l)) - 1);
                     _mm512_mask_storeu_ps(row + l, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + l), norm));
                 }
             }
@@ -101,8 +106,8 @@ int zenedge_decode_attention(const float *q, const float *keys, const float *val
             for (int64_t i = 0; i < G; i++) {
                 for (int64_t c = 0; c < chunks; c++)
                     acc[c] = _mm512_setzero_ps();
-                for (int64_t l = 0; l < L; l++) {
-                    const __m512 p = _mm512_set1_ps(scores[i * L + l]);
+                for (int64_t l = 0; l < n; l++) {
+                    const __m512 p = _mm512_set1_ps(scores[i * n + l]);
                     for (int64_t c = 0; c < chunks; c++)
                         acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + l * D + 16 * c), acc[c]);
                 }

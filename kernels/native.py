@@ -2,7 +2,11 @@
 
 - `int4_gemv.c`: y = x·Wᵀ for weight-only int4 W (cpu_weights.NativeInt4Weight);
 - `rms_norm.c`: RMSNorm of fp32 rows (the lean forward's norms);
-- `decode_attention.c`: one query per row over the KV cache (the lean decode step's attention).
+- `decode_attention.c`: one query per row over the KV cache (the lean decode step's attention);
+- `lora_add.c`: y += scale·(x·Aᵀ)·Bᵀ, a LoRA on a decode step's rows (runtime/layers.py).
+
+Every kernel sums a row of its input the same way whatever the other rows are, so a request
+decodes the same tokens alone as in a batch (torch's fp32 BLAS calls take other paths for one row).
 
 Nothing here is required: where the CPU lacks AVX-512 BF16, no compiler is found, the build or
 a self-test fails, or ZENEDGE_NATIVE_KERNELS=0, `library()` is None and callers keep torch's own
@@ -31,12 +35,14 @@ from zenedge import paths
 
 log = logging.getLogger("zenedge.kernels")
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("int4_gemv.c", "rms_norm.c", "decode_attention.c"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("int4_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c"))
 FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")   # as /proc/cpuinfo spells them
 MAX_INPUTS = 32768          # int4_gemv.c's MAX_INPUTS
 MAX_HEAD_DIM = 256          # decode_attention.c's MAX_DIM
 MAX_GROUP = 64              # decode_attention.c's MAX_GROUP
+MAX_RANK = 256              # lora_add.c's MAX_RANK
 
 _lock = threading.Lock()
 _loaded: list = []          # [the library, or None]: decided once per process
@@ -45,7 +51,8 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "zenedge_int4_gemm": [_P] * 5 + [_I] * 3,
     "zenedge_rms_norm": [_P] * 3 + [_I] * 2 + [_F],
-    "zenedge_decode_attention": [_P] * 5 + [_I] * 9 + [_F],
+    "zenedge_decode_attention": [_P] * 5 + [_I] * 8 + [_F],
+    "zenedge_lora_add": [_P] * 4 + [_I] * 6 + [_F],
 }
 
 
@@ -88,9 +95,10 @@ def rms_norm_fn(weight: torch.Tensor, eps: float):
 def decode_attention_fn(heads: int, kv_heads: int, dim: int, scale: float, dtype: torch.dtype,
                         device: torch.device):
     """(q [B, H, D] with heads contiguous, keys/values [B, H_kv, L, D] with positions contiguous
-    as the static cache gives them, mask [B, 1, 1, L] additive) → [B, H, D] through the C kernel,
-    or None for tensors laid out otherwise (the caller then uses SDPA). None where the kernel does
-    not apply at all (no library, not fp32 on the CPU, head sizes it does not take)."""
+    as the static cache gives them, lengths int64 [B]: row b attends over its first lengths[b]
+    positions) → [B, H, D] through the C kernel, or None for tensors laid out otherwise (the caller
+    then uses SDPA). None where the kernel does not apply at all (no library, not fp32 on the CPU,
+    head sizes it does not take)."""
     if dtype != torch.float32 or torch.device(device).type != "cpu" or dim % 16 or dim > MAX_HEAD_DIM \
             or heads % kv_heads or heads // kv_heads > MAX_GROUP:
         return None                  # (checked first: a CUDA model never builds the CPU kernels)
@@ -99,20 +107,56 @@ def decode_attention_fn(heads: int, kv_heads: int, dim: int, scale: float, dtype
         return None
     kernel, scale, rows_tail, float32 = lib.zenedge_decode_attention, float(scale), (dim, 1), torch.float32
 
-    def attend(q, keys, values, mask):
-        # The kernel trusts every size and stride it is given: anything unexpected goes to SDPA.
+    def attend(q, keys, values, lengths):
+        # The kernel trusts every size and stride it is given (it checks the lengths against L
+        # itself): anything unexpected goes to SDPA.
         batch, length = q.shape[0], keys.shape[2]
         if q.shape[1:] != (heads, dim) or keys.shape != (batch, kv_heads, length, dim) \
-                or values.shape != keys.shape or mask.shape[0] != batch or mask.shape[-1] != length \
+                or values.shape != keys.shape or lengths.shape != (batch,) or lengths.dtype != torch.int64 \
+                or lengths.device.type != "cpu" or not lengths.is_contiguous() \
                 or q.stride()[1:] != rows_tail or keys.stride()[2:] != rows_tail or values.stride() != keys.stride() \
-                or mask.stride(-1) != 1 or not (q.dtype is keys.dtype is values.dtype is mask.dtype is float32):
+                or not (q.dtype is keys.dtype is values.dtype is float32):
             return None
         out = q.new_empty((batch, heads, dim))
-        if kernel(q.data_ptr(), keys.data_ptr(), values.data_ptr(), mask.data_ptr(), out.data_ptr(), batch, heads,
-                  kv_heads, length, dim, q.stride(0), keys.stride(0), keys.stride(1), mask.stride(0), scale):
+        status = kernel(q.data_ptr(), keys.data_ptr(), values.data_ptr(), lengths.data_ptr(), out.data_ptr(), batch,
+                        heads, kv_heads, length, dim, q.stride(0), keys.stride(0), keys.stride(1), scale)
+        if status == -2:
+            raise ValueError(f"attention lengths must be within 1..{length}")
+        if status:
             raise MemoryError("the decode attention kernel could not allocate its scratch")
         return out
     return attend
+
+
+def lora_add_fn(a: torch.Tensor, b: torch.Tensor, scale: float):
+    """`(y [M, N], x [M, K]) → y += scale·(x·Aᵀ)·Bᵀ` in place through the C kernel, for LoRA
+    factors A [r, K] and B [N, r]; None where it does not apply (no library, factors not fp32 on
+    the CPU, a rank over MAX_RANK). Whether it applies depends on the factors only, never on the
+    rows: a row takes the same path alone as in a batch."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32 or a.device.type != "cpu" or b.device.type != "cpu" \
+            or a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] or not 1 <= a.shape[0] <= MAX_RANK:
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    kernel, scale = lib.zenedge_lora_add, float(scale)
+    a, b = a.detach().contiguous(), b.detach().contiguous()
+    rank, inputs, outputs = a.shape[0], a.shape[1], b.shape[0]
+    held = (a, b)                                   # the pointers' tensors live as long as this function
+
+    def lora_add(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or y.dim() != 2 or x.shape[1] != inputs or y.shape != (x.shape[0], outputs) \
+                or x.dtype != torch.float32 or y.dtype != torch.float32 or x.device.type != "cpu" \
+                or y.device.type != "cpu" or y.stride(1) != 1:
+            raise ValueError(f"lora_add: y {tuple(y.shape)} {y.dtype}, x {tuple(x.shape)} {x.dtype} do not fit "
+                             f"A [{rank}, {inputs}], B [{outputs}, {rank}]")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if kernel(x.data_ptr(), held[0].data_ptr(), held[1].data_ptr(), y.data_ptr(), x.shape[0], inputs, outputs,
+                  rank, x.stride(0), y.stride(0), scale):
+            raise MemoryError("the LoRA kernel could not allocate its scratch")
+        return y
+    return lora_add
 
 
 def _load():
@@ -218,14 +262,29 @@ def _attention_ok(lib) -> bool:
     q = torch.randn(2, 6, 32, generator=g)
     cache = torch.randn(2, 2, 2, 12, 32, generator=g)          # [kind, B, H_kv, capacity, D]
     keys, values = cache[0, :, :, :9], cache[1, :, :, :9]    # views, as the static cache gives
-    mask = torch.zeros(2, 1, 1, 9)
-    mask[0, ..., :3] = torch.finfo(torch.float32).min
+    lengths = torch.tensor([6, 9])
     out = torch.empty_like(q)
-    if lib.zenedge_decode_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), mask.data_ptr(), out.data_ptr(),
-                                    2, 6, 2, 9, 32, q.stride(0), keys.stride(0), keys.stride(1), mask.stride(0), 0.2):
+    if lib.zenedge_decode_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), lengths.data_ptr(),
+                                    out.data_ptr(), 2, 6, 2, 9, 32, q.stride(0), keys.stride(0), keys.stride(1), 0.2):
         return False
-    want = F.scaled_dot_product_attention(q.view(2, 2, 3, 32), keys, values, attn_mask=mask, scale=0.2)
-    return bool(torch.allclose(out, want.view(2, 6, 32), rtol=1e-4, atol=1e-5))
+    for b in range(2):
+        n = int(lengths[b])
+        want = F.scaled_dot_product_attention(q[b:b + 1].view(1, 2, 3, 32), keys[b:b + 1, :, :n],
+                                              values[b:b + 1, :, :n], scale=0.2)
+        if not torch.allclose(out[b], want.view(6, 32), rtol=1e-4, atol=1e-5):
+            return False
+    return True
 
 
-_SELF_TESTS = {"int4_gemv": _int4_ok, "rms_norm": _rms_norm_ok, "decode_attention": _attention_ok}
+def _lora_ok(lib) -> bool:
+    g = torch.Generator().manual_seed(0)
+    x, a, b = torch.randn(3, 40, generator=g), torch.randn(5, 40, generator=g), torch.randn(37, 5, generator=g)
+    y = torch.randn(3, 37, generator=g)   # 40 inputs, 37 outputs: the masked tails too
+    want = y + 0.5 * (x @ a.t()) @ b.t()
+    if lib.zenedge_lora_add(x.data_ptr(), a.data_ptr(), b.data_ptr(), y.data_ptr(), 3, 40, 37, 5, 40, 37, 0.5):
+        return False
+    return bool(torch.allclose(y, want, rtol=1e-5, atol=1e-5))
+
+
+_SELF_TESTS = {"int4_gemv": _int4_ok, "rms_norm": _rms_norm_ok, "decode_attention": _attention_ok,
+               "lora_add": _lora_ok}

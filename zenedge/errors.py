@@ -45,6 +45,12 @@ class InvalidAdapter(InvalidInput):
     code = "invalid_adapter"
 
 
+class ContextLengthExceeded(InvalidInput):
+    """A prompt that leaves no room in the base's context; refused before any work is done."""
+
+    code = "context_length_exceeded"
+
+
 class PayloadTooLarge(InvalidInput):
     code = "payload_too_large"
     http_status = 413

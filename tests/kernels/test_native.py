@@ -1,6 +1,7 @@
-"""zenedge's C kernels for the CPU (kernels/*.c through kernels/native.py) against torch: RMSNorm
-and decode attention here (the int4 product: tests/runtime/test_cpu_weights.py), the layouts they
-refuse, the build cache, and the switch that turns them off."""
+"""zenedge's C kernels for the CPU (kernels/*.c through kernels/native.py) against torch: RMSNorm,
+decode attention and the LoRA product here (the int4 product: tests/runtime/test_cpu_weights.py),
+a row's result the same alone as among other rows, the layouts they refuse, the build cache, and
+the switch that turns them off."""
 
 import os
 import subprocess
@@ -42,14 +43,30 @@ def test_decode_attention_matches_sdpa(batch, heads, kv_heads, length, dim):
     keys, values = cached(batch, kv_heads, length, dim)
     qkv = torch.randn(batch, heads + kv_heads, dim)
     q = qkv[:, :heads]                                                          # strided rows, as the step slices them
-    mask = torch.zeros(batch + 1, 1, 1, 64)[:batch, ..., :length]
-    mask[0, ..., : length // 2] = torch.finfo(torch.float32).min               # a left-padded row
+    lengths = torch.tensor([length] + [max(1, length // (i + 2)) for i in range(batch - 1)])   # rows of their own lengths
     attend = native.decode_attention_fn(heads, kv_heads, dim, dim ** -0.5, torch.float32, CPU)
-    got = attend(q, keys, values, mask)
+    got = attend(q, keys, values, lengths)
     groups = heads // kv_heads
-    want = F.scaled_dot_product_attention(q.reshape(batch, kv_heads, groups, dim), keys, values, attn_mask=mask,
-                                          scale=dim ** -0.5).reshape(batch, heads, dim)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for b in range(batch):
+        n = int(lengths[b])
+        want = F.scaled_dot_product_attention(q[b:b + 1].reshape(1, kv_heads, groups, dim), keys[b:b + 1, :, :n],
+                                              values[b:b + 1, :, :n], scale=dim ** -0.5).reshape(heads, dim)
+        torch.testing.assert_close(got[b], want, rtol=1e-5, atol=1e-6)
+
+
+@needs_native
+def test_decode_attention_gives_a_row_the_same_result_among_any_rows():
+    """Each row over its own length: alone, or beside longer rows, the same bits."""
+    torch.manual_seed(0)
+    keys, values = cached(4, 3, 40, 64)
+    q = torch.randn(4, 9, 64)
+    lengths = torch.tensor([17, 40, 3, 29])
+    attend = native.decode_attention_fn(9, 3, 64, 0.125, torch.float32, CPU)
+    together = attend(q, keys, values, lengths)
+    for b in range(4):
+        n = int(lengths[b])
+        alone = attend(q[b:b + 1], keys[b:b + 1, :, :n], values[b:b + 1, :, :n], lengths[b:b + 1])
+        assert torch.equal(alone[0], together[b])
 
 
 @needs_native
@@ -60,13 +77,42 @@ def test_decode_attention_refuses_what_it_does_not_take():
     assert native.decode_attention_fn(8, 2, 64, 0.1, torch.float32, "cuda") is None  # CPU memory only
     attend = native.decode_attention_fn(4, 2, 16, 0.25, torch.float32, CPU)
     keys, values = cached(1, 2, 5, 16)
-    q, mask = torch.randn(1, 4, 16), torch.zeros(1, 1, 1, 5)
-    assert attend(q, keys.transpose(2, 3).contiguous().transpose(2, 3), values, mask) is None   # positions not rows
-    assert attend(q, keys, values, torch.zeros(1, 1, 1, 6)) is None                             # mask of another length
-    assert attend(torch.randn(1, 6, 16), keys, values, mask) is None                           # other head counts
-    assert attend(q, *cached(1, 3, 5, 16), mask) is None
-    assert attend(q, keys, values, mask.double()) is None
-    assert attend(q, keys, values, mask) is not None
+    q, lengths = torch.randn(1, 4, 16), torch.tensor([5])
+    assert attend(q, keys.transpose(2, 3).contiguous().transpose(2, 3), values, lengths) is None   # positions not rows
+    assert attend(q, keys, values, torch.tensor([5, 5])) is None                                  # lengths of other rows
+    assert attend(torch.randn(1, 6, 16), keys, values, lengths) is None                          # other head counts
+    assert attend(q, *cached(1, 3, 5, 16), lengths) is None
+    assert attend(q, keys, values, lengths.int()) is None
+    assert attend(q, keys, values, lengths) is not None
+    for wrong in (torch.tensor([6]), torch.tensor([0])):                         # past the keys, or none: refused
+        with pytest.raises(ValueError, match="lengths"):
+            attend(q, keys, values, wrong)
+
+
+@needs_native
+@pytest.mark.parametrize("rank, inputs, outputs", [(8, 576, 1536), (1, 40, 37), (64, 64, 192)])
+def test_lora_add_matches_torch_and_gives_each_row_its_own_sums(rank, inputs, outputs):
+    torch.manual_seed(0)
+    a, b = torch.randn(rank, inputs) * 0.1, torch.randn(outputs, rank) * 0.1
+    x, y = torch.randn(6, inputs), torch.randn(6, outputs + 5)[:, 2:2 + outputs]     # y: strided rows, a slice
+    lora_add = native.lora_add_fn(a, b, 1.5)
+    want = y + 1.5 * (x @ a.t()) @ b.t()
+    got = lora_add(y.clone(), x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for i in range(6):                                                           # alone, the same bits
+        assert torch.equal(lora_add(y[i:i + 1].clone(), x[i:i + 1])[0], got[i])
+
+
+@needs_native
+def test_lora_add_refuses_what_it_does_not_take():
+    a, b = torch.randn(4, 32), torch.randn(16, 4)
+    assert native.lora_add_fn(a.bfloat16(), b.bfloat16(), 1.0) is None          # fp32 factors only
+    assert native.lora_add_fn(torch.randn(300, 32), torch.randn(16, 300), 1.0) is None   # rank over MAX_RANK
+    lora_add = native.lora_add_fn(a, b, 1.0)
+    with pytest.raises(ValueError, match="do not fit"):
+        lora_add(torch.zeros(2, 16), torch.randn(2, 31))
+    with pytest.raises(ValueError, match="do not fit"):
+        lora_add(torch.zeros(2, 16).bfloat16(), torch.randn(2, 32))
 
 
 @needs_native

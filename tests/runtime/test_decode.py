@@ -163,54 +163,77 @@ def test_models_with_sliding_windows_fall_back_to_the_reference(engine):
 
 # -- the cache object itself ------------------------------------------------------------------------
 
-def test_static_cache_masks_pads_and_exposes_only_written_columns():
+LOW = torch.finfo(torch.float32).min
+
+
+def visible(mask_row):
+    return (mask_row.flatten() == 0).nonzero().flatten().tolist()
+
+
+def test_static_cache_rows_keep_their_own_lengths_and_masks():
     cache = StaticKVCache(layers=2, kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu"))
     cache.reserve(batch=2, length=5)
-    assert cache.capacity == static_cache.CAPACITY_STEP
-    valid = torch.tensor([[False, True, True], [True, True, True]])
-    prefill = cache.start(valid)
-    assert prefill.shape == (2, 1, 3, 3)
-    low = torch.finfo(torch.float32).min
-    # row 0: column 0 is a pad, hidden from every query; causal otherwise
-    assert prefill[0, 0, 2].tolist() == [low, 0.0, 0.0]
-    assert prefill[1, 0, 0].tolist() == [0.0, low, low]
-    k = torch.arange(2 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)
-    keys, values = cache.update(k, -k, 0)
-    assert keys.shape == (2, 1, 3, 2) and torch.equal(keys, k)
-    cache.advance(3)
-    step = cache.step_mask()
-    assert step.shape == (2, 1, 1, 4) and step[0, 0, 0].tolist() == [low, 0.0, 0.0, 0.0]
+    cache.begin(2)
+    assert cache.capacity == static_cache.CAPACITY_STEP and cache.lengths == [0, 0]
+    chunk, mask = cache.chunk(0, 3)                        # row 0's prompt, alone: causal from its start
+    assert mask.shape == (1, 1, 3, 3) and mask[0, 0, 0].tolist() == [0.0, LOW, LOW]
+    k = torch.arange(6, dtype=torch.float32).view(1, 1, 3, 2)
+    keys, _ = chunk.update(k, -k, 0)
+    assert keys.shape == (1, 1, 3, 2) and torch.equal(keys, k)
+    cache.advance_row(0, 3)
+    chunk, mask = cache.chunk(0, 2)                        # its next chunk sees the first one
+    assert mask.shape == (1, 1, 2, 5) and mask[0, 0, 0].tolist() == [0.0, 0.0, 0.0, 0.0, LOW]
+    cache.advance_row(0, 2)
+    chunk, _ = cache.chunk(1, 1)
+    cache.advance_row(1, 1)
+    assert cache.lengths == [5, 1] and visible(cache.mask[1]) == [0]
+    assert torch.equal(cache.keys[0][1, 0, 0], torch.zeros(2))    # row 1 never saw row 0's keys
+
+    view = cache.step_view()                               # each row writes at its own next column
+    assert view.positions.tolist() == [5, 1] and view.host_lengths == [6, 2]
+    assert view.mask.shape == (2, 1, 1, 6)
+    assert visible(view.mask[0]) == [0, 1, 2, 3, 4, 5] and visible(view.mask[1]) == [0, 1]
     new = torch.full((2, 1, 1, 2), 7.0)
     keys, _ = cache.update(new, new, 1)
-    assert keys.shape == (2, 1, 4, 2) and torch.equal(keys[:, :, 3:], new)
+    assert keys.shape == (2, 1, 6, 2) and keys[0, 0, 5].tolist() == [7.0, 7.0] and keys[1, 0, 1].tolist() == [7.0, 7.0]
+    cache.end_step([True, False])                          # row 1 was not live: it did not advance
+    assert cache.lengths == [6, 1]
+    cache.reset_row(0)
+    assert cache.lengths == [0, 1] and visible(cache.mask[0]) == []
 
 
-def test_static_cache_growth_keeps_history_and_padding():
+def test_static_cache_growth_keeps_every_rows_history():
     cache = StaticKVCache(layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, device=torch.device("cpu"))
     cache.reserve(1, 2)
-    cache.start(torch.tensor([[False, True]]))
-    cache.update(torch.tensor([[[[1.0], [2.0]]]]), torch.tensor([[[[3.0], [4.0]]]]), 0)
-    cache.advance(2)
+    cache.begin(1)
+    chunk, _ = cache.chunk(0, 2)
+    chunk.update(torch.tensor([[[[1.0], [2.0]]]]), torch.tensor([[[[3.0], [4.0]]]]), 0)
+    cache.advance_row(0, 2)
     before = cache.capacity
-    cache.reserve(1, before + 1)
-    assert cache.capacity == 2 * before and cache.allocations == 2
+    cache.reserve(2, before + 1)
+    cache.resize(2)
+    assert cache.capacity == 2 * before and cache.allocations == 2 and cache.lengths == [2, 0]
     assert cache.keys[0][0, 0, :2, 0].tolist() == [1.0, 2.0]
     assert cache.values[0][0, 0, :2, 0].tolist() == [3.0, 4.0]
-    assert cache.step_mask()[0, 0, 0, 0].item() == torch.finfo(torch.float32).min
+    assert visible(cache.mask[0]) == [0, 1] and visible(cache.mask[1]) == []
 
 
-def test_full_view_cache_opens_one_column_per_step():
+def test_full_view_cache_moves_lengths_on_the_device():
     cache = StaticKVCache(layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, device=torch.device("cpu"),
                           full_views=True)
-    cache.reserve(1, 3)
-    prefill = cache.start(torch.tensor([[True, True]]))
-    assert prefill.shape == (1, 1, 2, cache.capacity)
-    cache.update(torch.ones(1, 1, 2, 1), torch.ones(1, 1, 2, 1), 0)
-    cache.advance(2)
-    assert cache.write_position.item() == 2
-    visible = lambda: (cache.step_mask()[0, 0, 0] == 0).nonzero().flatten().tolist()
-    assert visible() == [0, 1]
-    cache.open_next_column()
-    assert visible() == [0, 1, 2]
-    keys, _ = cache.update(torch.full((1, 1, 1, 1), 5.0), torch.zeros(1, 1, 1, 1), 0)
-    assert keys.shape == (1, 1, cache.capacity, 1) and keys[0, 0, 2, 0].item() == 5.0
+    cache.reserve(2, 3)
+    cache.begin(2)
+    for row, width in ((0, 2), (1, 1)):
+        chunk, _ = cache.chunk(row, width)
+        chunk.update(torch.ones(1, 1, width, 1), torch.ones(1, 1, width, 1), 0)
+        cache.advance_row(row, width)
+    assert cache.written.tolist() == [2, 1]
+    view = cache.step_view()
+    assert view.host_lengths is None and view.positions.tolist() == [2, 1]
+    assert view.mask.shape == (2, 1, 1, cache.capacity)
+    assert visible(view.mask[0]) == [0, 1, 2] and visible(view.mask[1]) == [0, 1]
+    keys, _ = cache.update(torch.full((2, 1, 1, 1), 5.0), torch.zeros(2, 1, 1, 1), 0)
+    assert keys.shape == (2, 1, cache.capacity, 1) and keys[0, 0, 2, 0].item() == 5.0 and keys[1, 0, 1, 0].item() == 5.0
+    cache.advance_on_device(torch.tensor([1, 0]))
+    cache.end_step([True, False])
+    assert cache.written.tolist() == [3, 1] and cache.lengths == [3, 1]

@@ -1,7 +1,8 @@
 """The lean Llama forward (lean_llama.py) against transformers' forward through the same static
-cache: the same logits (fp32, 1e-5) over a prefill and decode steps, for plain, LoRA, BitDelta and
-mixed left-padded batches, across the Llama variations it accepts; the same greedy tokens as the
-DynamicStepper reference; and the transformers path for what it refuses."""
+cache: the same logits (fp32, 1e-5) over chunked prefills and decode steps, for plain, LoRA,
+BitDelta and mixed batches of rows of different lengths, across the Llama variations it accepts;
+the same greedy tokens as the DynamicStepper reference; and the transformers path for what it
+refuses."""
 
 import pytest
 import torch
@@ -74,18 +75,21 @@ def bitdelta(resident: ResidentModel, seed: int) -> Variant:
     return Variant(f"delta-{seed}", "bitdelta", modules)
 
 
-def step_logits(resident, rows, prompts, *, lean: bool, fixed: bool = False) -> torch.Tensor:
-    """Logits [1 + STEPS, B, V] of a prefill and STEPS decode steps fed fixed pseudo-random tokens
-    (the same for both paths, whatever they predict)."""
+def step_logits(resident, rows, prompts, *, lean: bool, fixed: bool = False, chunk: int = 3) -> torch.Tensor:
+    """Logits [1 + STEPS, B, V]: each row's prompt prefilled alone in chunks of `chunk` tokens (the
+    last one's logits), then STEPS decode steps of every row fed fixed pseudo-random tokens (the
+    same for both paths, whatever they predict)."""
     lean_llama.set_enabled(resident.model, lean)
     batch = RowVariants.build(rows, CPU)
-    input_ids, valid = decode.left_pad(prompts, pad=0)
     feed = torch.randint(3, SMALL["vocab_size"], (STEPS, len(prompts)), generator=torch.Generator().manual_seed(1))
-    with resident.kv_pool.acquire(len(rows), input_ids.shape[1] + STEPS, full_views=fixed) as cache:
+    width = max(len(prompt) for prompt in prompts)
+    with resident.kv_pool.acquire(len(rows), width + STEPS, full_views=fixed) as cache:
         stepper = (decode.FixedShapeStepper if fixed else decode.StaticStepper)(resident, batch, cache)
         assert (stepper.forward.lean is not None) == lean
-        out = [stepper.prefill(input_ids, valid)]
-        out += [stepper.step(ids.tolist()) for ids in feed]
+        first = [[stepper.prefill(row, prompt[i:i + chunk]) for i in range(0, len(prompt), chunk)][-1]
+                 for row, prompt in enumerate(prompts)]
+        out = [torch.stack(first)]
+        out += [stepper.step(ids.tolist(), [True] * len(rows)) for ids in feed]
     return torch.stack(out)
 
 
@@ -117,7 +121,7 @@ def test_one_variant_matches_transformers(rows):
     ("mistral", {"sliding_window": None}),
     ("qwen2", {"use_sliding_window": False}),
 ], ids=["gqa", "mha", "bias", "untied", "llama3-rope-mqa", "eager-gelu", "mistral", "qwen2"])
-def test_a_mixed_left_padded_batch_matches_transformers(architecture, overrides):
+def test_a_mixed_batch_of_rows_of_different_lengths_matches_transformers(architecture, overrides):
     resident = tiny_resident(architecture, **overrides)
     assert lean_llama.supported(resident.model), lean_llama.unsupported_reason(resident.model)
     assert_same_logits(resident, [None, lora(resident, 1), bitdelta(resident, 2)], MIXED_PROMPTS)
@@ -162,8 +166,8 @@ def assert_refused_but_served(resident):
     batch = RowVariants.build([None], CPU)
     with decode.open_stepper(resident, batch, 4, 4, "static") as stepper:
         assert stepper.forward.lean is None
-        logits = stepper.prefill(torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.bool))
-        assert logits.shape == (1, SMALL["vocab_size"]) and torch.isfinite(logits).all()
+        logits = stepper.prefill(0, [5, 6, 7, 8])
+        assert logits.shape == (SMALL["vocab_size"],) and torch.isfinite(logits).all()
 
 
 @pytest.fixture(params=["native", "torch"])

@@ -64,6 +64,8 @@ def make_home(root: Path, tiny_base_dir: Path, *, profiles=PROFILES, config: dic
     shutil.copytree(tiny_base_dir, forever)
     generation = json.loads((forever / "generation_config.json").read_text())
     (forever / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": 10**6}))
+    model_config = json.loads((forever / "config.json").read_text())   # a context that never ends either
+    (forever / "config.json").write_text(json.dumps({**model_config, "max_position_embeddings": 1 << 20}))
     bases.add_hf_dir(store, forever, "forever")
     shapes = tiny_module_shapes(tiny_base_dir)
     for seed, name in enumerate(profiles):

@@ -1,16 +1,23 @@
-"""Model stepping for generation: a prefill, then one forward per token, returning last logits.
+"""Model stepping for generation: each request's prompt prefilled alone, in chunks, then one
+forward per token for all rows at once, returning last logits.
 
-`generate()` (generate.py) owns request semantics (sampling, stop strings, streaming); a stepper
-owns the model calls and the KV cache. The steppers share one interface:
+`generate()` (generate.py) owns request semantics (sampling, stop strings, streaming, when each
+row prefills and decodes); a stepper owns the model calls and the KV cache. Every row has its own
+length: its prompt is written from position 0 by forwards of that row alone (`prefill`, one chunk
+of at most generate.PREFILL_CHUNK tokens per call), and `step` feeds one token to every row, each at
+its own next position. So a request's tokens never depend on the other rows (alone or batched, the
+same sums: static_cache.py, lean_llama.py, layers.py), and a long prompt's chunks can alternate
+with the other rows' decode steps. The steppers share one interface:
 
-- `StaticStepper` (default): the pre-allocated `StaticKVCache`, reused across requests; ready-made
-  4-D masks; nothing allocated or concatenated per token except the model's own activations.
-- `FixedShapeStepper`: the static cache in fixed-shape mode (whole buffers, a mask opened on the
-  device); `GraphedStepper` (CUDA only) captures its decode step once per request in a CUDA
-  graph and replays it for every later token.
-- `DynamicStepper`: transformers' own cache and a growing 2-D mask. The reference the others are
-  tested against, and the fallback for attention layouts the static cache does not model
-  (sliding windows, hybrid layers, kernels that ignore 4-D masks).
+- `StaticStepper` (default): the pre-allocated `StaticKVCache`, reused across requests; nothing
+  allocated or concatenated per token except the model's own activations. Rows may join between
+  steps (`set_batch`).
+- `FixedShapeStepper`: the static cache in fixed-shape mode (whole buffers, each row's length and
+  mask kept on the device); `GraphedStepper` (CUDA only) captures its decode step once per
+  request in a CUDA graph and replays it for every later token. The rows are fixed.
+- `DynamicStepper`: transformers' own cache, one per row, every forward one row alone. The
+  reference the others are tested against, and the fallback for attention layouts the static
+  cache does not model (sliding windows, hybrid layers, kernels that ignore 4-D masks).
 
 The static-cache steppers run Llama-architecture models through `lean_llama.LeanLlama` (the same
 math on the model's own modules, without transformers' per-module overhead) and every other model
@@ -41,11 +48,18 @@ INITIAL_NEW_TOKENS = 256
 
 
 class Stepper(Protocol):
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """input_ids, valid: [B, W] left-padded prompt → logits [B, V] at each row's last token."""
+    joins: bool    # whether set_batch may change the rows
 
-    def step(self, next_ids: Sequence[int]) -> torch.Tensor:
-        """One new token per row (finished rows feed a pad) → logits [B, V]."""
+    def prefill(self, row: int, input_ids: Sequence[int]) -> torch.Tensor:
+        """The next chunk of row `row`'s prompt, after what it holds → logits [V] at its last token."""
+
+    def step(self, next_ids: Sequence[int], live: Sequence[bool]) -> torch.Tensor:
+        """One token per row → logits [n, V]; rows not `live` (finished, still prefilling) feed a
+        pad, do not advance, and their logits mean nothing."""
+
+    def set_batch(self, batch: RowVariants, fresh: Sequence[int] = ()) -> None:
+        """The rows are now `batch`'s (rows may be added or dropped at the end); rows in `fresh`
+        start new requests, empty."""
 
 
 def cache_argument(model) -> str:
@@ -72,134 +86,162 @@ def static_cache_supported(model) -> bool:
     return True
 
 
-def left_pad(requests_ids: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts → (input_ids [B, W], valid [B, W] bool), left-padded so every row's last prompt
-    token sits in the last column."""
-    width = max(len(ids) for ids in requests_ids)
-    input_ids = torch.full((len(requests_ids), width), pad, dtype=torch.long)
-    valid = torch.zeros((len(requests_ids), width), dtype=torch.bool)
-    for i, ids in enumerate(requests_ids):
-        input_ids[i, width - len(ids):] = torch.as_tensor(ids, dtype=torch.long)
-        valid[i, width - len(ids):] = True
-    return input_ids, valid
-
-
 class _Forward:
-    """model(...), or its lean equivalent where there is one (`lean`), with the batch's variants
-    applied, returning last logits."""
+    """model(...), or its lean equivalent where there is one (`lean`), with the rows' variants
+    applied, returning last logits: a row's prefill chunk alone, or a decode step of all rows."""
 
     def __init__(self, resident: ResidentModel, batch: RowVariants, lean: bool = True):
         self.model = resident.model
         self.state = resident.state
+        self.device = resident.device
         self.batch = batch
         self.cache_kw = cache_argument(resident.model)
         self.lean = lean_llama.lean_forward(resident.model, batch) if lean else None
 
-    def __call__(self, input_ids, mask, positions, cache, prefill: bool = False) -> torch.Tensor:
-        with self.state.applied(self.batch, plain=prefill):
+    def prefill(self, row: int, input_ids, positions, mask, cache) -> torch.Tensor:
+        # input_ids, positions: [1, T]; mask: [1, 1, T, L] → logits [1, V]; the plain weights
+        alone = RowVariants.build([self.batch.rows[row]], self.device)
+        with self.state.applied(alone, plain=True):
             if self.lean is not None:
-                return self.lean(input_ids, mask, positions, cache, plain=prefill)
+                return self.lean.prefill(input_ids, positions, mask, cache)
             out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, logits_to_keep=1, **{self.cache_kw: cache})
-        return out.logits[:, -1, :]   # [B, V]
+        return out.logits[:, -1, :]
+
+    def step(self, input_ids, view, cache) -> torch.Tensor:
+        # input_ids: [n]; view: the cache's StepView → logits [n, V]
+        with self.state.applied(self.batch):
+            if self.lean is not None:
+                return self.lean.step(input_ids, view)
+            out = self.model(input_ids=input_ids[:, None], attention_mask=view.mask,
+                             position_ids=view.positions[:, None], use_cache=True, logits_to_keep=1,
+                             **{self.cache_kw: cache})
+        return out.logits[:, -1, :]
 
 
 class DynamicStepper:
-    """transformers' DynamicCache and 2-D mask: the reference semantics."""
+    """transformers' DynamicCache, one per row, each forward one row alone: the reference semantics."""
+
+    joins = True
 
     def __init__(self, resident: ResidentModel, batch: RowVariants):
-        self.forward = _Forward(resident, batch, lean=False)
-        self.device = resident.device
-        self.cache = None
+        self.resident = resident
+        self.cache_kw = cache_argument(resident.model)
+        self.variants: list = []
+        self.caches: list = []
+        self.lengths: list[int] = []
+        self.set_batch(batch, range(len(batch.rows)))
+
+    def set_batch(self, batch: RowVariants, fresh: Sequence[int] = ()) -> None:
+        rows = len(batch.rows)
+        self.variants = list(batch.rows)
+        self.caches = (self.caches + [None] * rows)[:rows]
+        self.lengths = (self.lengths + [0] * rows)[:rows]
+        for row in fresh:
+            self.caches[row], self.lengths[row] = None, 0
 
     @torch.inference_mode()
-    def prefill(self, input_ids, valid):
-        self.mask = valid.to(self.device, torch.long)
-        self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
-        logits, self.cache = self._run(input_ids.to(self.device), prefill=True)
-        return logits
+    def prefill(self, row, input_ids):
+        return self._run(row, torch.tensor([list(input_ids)]), plain=True)
 
     @torch.inference_mode()
-    def step(self, next_ids):
-        rows = len(next_ids)
-        self.mask = torch.cat([self.mask, self.mask.new_ones((rows, 1))], dim=1)
-        self.positions = self.positions[:, -1:] + 1
-        logits, self.cache = self._run(torch.tensor(next_ids, device=self.device).unsqueeze(1))
+    def step(self, next_ids, live):
+        out = {row: self._run(row, torch.tensor([[next_ids[row]]])) for row, advance in enumerate(live) if advance}
+        logits = torch.zeros((len(next_ids), next(iter(out.values())).shape[-1]), device=self.resident.device)
+        for row, row_logits in out.items():
+            logits[row] = row_logits
         return logits
 
-    def _run(self, input_ids, prefill: bool = False):
-        f = self.forward
-        with f.state.applied(f.batch, plain=prefill):
-            out = f.model(input_ids=input_ids, attention_mask=self.mask, position_ids=self.positions,
-                          use_cache=True, logits_to_keep=1, **{f.cache_kw: self.cache})
-        return out.logits[:, -1, :], getattr(out, f.cache_kw)
+    def _run(self, row: int, input_ids: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        resident, start, width = self.resident, self.lengths[row], input_ids.shape[1]
+        mask = torch.ones((1, start + width), dtype=torch.long, device=resident.device)
+        positions = torch.arange(start, start + width, device=resident.device)[None]
+        with resident.state.applied(RowVariants.build([self.variants[row]], resident.device), plain=plain):
+            out = resident.model(input_ids=input_ids.to(resident.device), attention_mask=mask, position_ids=positions,
+                                 use_cache=True, logits_to_keep=1, **{self.cache_kw: self.caches[row]})
+        self.caches[row] = getattr(out, self.cache_kw)
+        self.lengths[row] += width
+        return out.logits[0, -1, :]
 
 
 class StaticStepper:
-    """The pre-allocated cache, written in place; masks are views of one buffer."""
+    """The pre-allocated cache, written in place, every row at its own length."""
+
+    joins = True
 
     def __init__(self, resident: ResidentModel, batch: RowVariants, cache):
-        self.forward = _Forward(resident, batch)
+        self.resident = resident
         self.device = resident.device
         self.cache = cache
+        self.forward = _Forward(resident, batch)
+
+    def set_batch(self, batch: RowVariants, fresh: Sequence[int] = ()) -> None:
+        cache, rows = self.cache, len(batch.rows)
+        cache.reserve(rows, cache.capacity)
+        cache.resize(rows)
+        for row in fresh:
+            cache.reset_row(row)
+        self.forward = _Forward(self.resident, batch)
 
     @torch.inference_mode()
-    def prefill(self, input_ids, valid):
-        valid = valid.to(self.device)
-        mask = self.cache.start(valid)
-        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)                 # [B, W]
-        logits = self.forward(input_ids.to(self.device), mask, positions, self.cache, prefill=True)
-        self.cache.advance(input_ids.shape[1])
-        self.positions = positions[:, -1:].clone()                             # [B, 1]
-        return logits
-
-    @torch.inference_mode()
-    def step(self, next_ids):
+    def prefill(self, row, input_ids):
         cache = self.cache
-        if cache.length + 1 > cache.capacity:
-            cache.reserve(cache.batch, cache.length + 1)                      # doubles: rare
-        self.positions += 1
-        ids = torch.tensor(next_ids, device=self.device).unsqueeze(1)          # [B, 1]
-        logits = self.forward(ids, cache.step_mask(), self.positions, cache)
-        cache.advance(1)
+        start, width = cache.lengths[row], len(input_ids)
+        cache.reserve(cache.batch, start + width)                              # doubles: rare
+        chunk, mask = cache.chunk(row, width)
+        ids = torch.tensor([list(input_ids)], device=self.device)                  # [1, T]
+        positions = torch.arange(start, start + width, device=self.device)[None]   # [1, T]
+        logits = self.forward.prefill(row, ids, positions, mask, chunk)
+        cache.advance_row(row, width)
+        return logits[0]
+
+    @torch.inference_mode()
+    def step(self, next_ids, live):
+        cache = self.cache
+        needed = 1 + max((length for length, advance in zip(cache.lengths, live) if advance), default=0)
+        if needed > cache.capacity:
+            cache.reserve(cache.batch, needed)                                   # doubles: rare
+        ids = torch.tensor(list(next_ids), device=self.device)                    # [n]
+        logits = self.forward.step(ids, cache.step_view(), cache)
+        cache.end_step(live)
         return logits
 
 
 class FixedShapeStepper(StaticStepper):
     """Every decode step has the same shapes and tensor addresses: the cache returns whole buffers,
-    the mask is opened one column per step on the device, positions advance on the device and the
-    input ids are copied into one static tensor. Eager here (and testable on CPU); what the CUDA
-    graph below captures."""
+    each row's length lives on the device and advances there, the mask is opened on the device,
+    and the input ids and live flags are copied into static tensors. Eager here (and testable on
+    CPU); what the CUDA graph below captures. The rows are fixed for the request."""
+
+    joins = False
 
     def __init__(self, resident: ResidentModel, batch: RowVariants, cache):
         if not cache.full_views:
             raise ValueError("a fixed-shape stepper needs a full-views cache")
         super().__init__(resident, batch, cache)
+        rows = len(batch.rows)
+        self.ids = torch.zeros(rows, dtype=torch.long, device=self.device)      # static inputs
+        self.live = torch.zeros(rows, dtype=torch.long, device=self.device)
 
-    @torch.inference_mode()
-    def prefill(self, input_ids, valid):
-        logits = super().prefill(input_ids, valid)
-        self.ids = torch.zeros((input_ids.shape[0], 1), dtype=torch.long, device=self.device)   # static input
-        return logits
+    def set_batch(self, batch, fresh=()):
+        raise RuntimeError("a fixed-shape stepper's rows are fixed for the request")
 
     def _body(self) -> torch.Tensor:
-        """Everything one token does on the device, host-sync free; advances the device-side
-        write position and positions itself."""
+        """Everything one token does on the device, host-sync free."""
         cache = self.cache
-        cache.open_next_column()
-        self.positions += 1
-        logits = self.forward(self.ids, cache.step_mask(), self.positions, cache)
-        cache.write_position.add_(1)
+        logits = self.forward.step(self.ids, cache.step_view(), cache)
+        cache.advance_on_device(self.live)
         return logits
 
     @torch.inference_mode()
-    def step(self, next_ids):
+    def step(self, next_ids, live):
         cache = self.cache
-        if cache.length + 1 > cache.capacity:
+        if any(length + 1 > cache.capacity for length, advance in zip(cache.lengths, live) if advance):
             raise RuntimeError("a fixed-shape cache is sized for the whole request up front")
-        self.ids.copy_(torch.tensor(next_ids).view(-1, 1), non_blocking=True)
+        self.ids.copy_(torch.tensor(list(next_ids)), non_blocking=True)
+        self.live.copy_(torch.tensor([int(bool(a)) for a in live]), non_blocking=True)
         logits = self._run_body()
-        cache.length += 1                      # host mirror of write_position (the device moved that)
+        cache.end_step(live)                   # host mirror of `written` (the device moved that)
         return logits
 
     def _run_body(self) -> torch.Tensor:
@@ -253,9 +295,10 @@ STEPPERS = ("auto", "dynamic", "static", "fixed", "graphed")
 @contextmanager
 def open_stepper(resident: ResidentModel, batch: RowVariants, width: int, max_new: int,
                  kind: str = "auto") -> Iterator[Stepper]:
-    """A stepper with its cache checked out. "auto": the fastest one that serves this model
-    exactly (graphed on CUDA for requests long enough to repay the capture, else static; dynamic
-    for attention layouts the static cache does not model). The others force one, for tests and
+    """A stepper with its cache checked out, for `batch`'s rows with prompts of up to `width`
+    tokens and up to `max_new` new ones. "auto": the fastest one that serves this model exactly
+    (graphed on CUDA for requests long enough to repay the capture, else static; dynamic for
+    attention layouts the static cache does not model). The others force one, for tests and
     benchmarks."""
     if kind not in STEPPERS:
         raise ValueError(f"stepper must be one of {', '.join(STEPPERS)}, got {kind!r}")

@@ -13,7 +13,8 @@ from zenedge.errors import InvalidInput
 from zenedge.runtime.cache import DeltaCache
 from zenedge.runtime.dense_bitdelta import DenseBitDeltas
 from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
-from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, encode_chat, encode_text, generate
+from zenedge.runtime.generate import (Delta, GenerationRequest, SamplingParams, check_fits, encode_chat, encode_text,
+                                      generate)
 from zenedge.runtime.model import ResidentModel, load_resident
 from zenedge.runtime.router import Route, Router
 from zenedge.runtime.variants import Variant, load_bitdelta, load_lora
@@ -84,7 +85,9 @@ class Engine:
     def _prepare(self, name: str, prompt: Prompt, params: SamplingParams) -> tuple[Route, ResidentModel, GenerationRequest]:
         route = self.router.route(name)
         resident = self.resident(route.base)
-        request = GenerationRequest(prompt.encode(resident.tokenizer), self.variant(route), params)
+        input_ids = prompt.encode(resident.tokenizer)
+        check_fits(resident, input_ids)                      # before the variant is loaded
+        request = GenerationRequest(input_ids, self.variant(route), params)
         if route.adapter is not None:
             self.store.record_requests(route.adapter["id"])
         return route, resident, request

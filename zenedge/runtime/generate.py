@@ -1,24 +1,38 @@
 """Generation: chat-templated prompts, greedy or sampled decoding of a batch of requests whose rows
 may use different variants, streamed step by step with incremental detokenisation and stop strings.
 
-One forward pass serves the whole batch (left-padded, explicit position ids); rows that finish keep
-a slot until the batch ends, their outputs ignored. The model calls and the KV cache live in
-decode.py (a static, pre-allocated cache by default); this module owns the request semantics.
+Each request's prompt is prefilled alone, in chunks of PREFILL_CHUNK tokens counted from its own
+start, and one forward serves every decoding row's next token. A request gets the same tokens
+alone as in any batch (decode.py). The loop runs in ticks: a decode step for the rows that are
+decoding, then up to PREFILL_CHUNK prompt tokens of the rows still prefilling (fewest left first),
+so a long prompt takes one chunk per tick while the other rows keep getting tokens, and a row that
+joins mid-batch (`admit`, the daemon's scheduler) starts at the next tick. Finished rows free their
+slot. The model calls and the KV cache live in decode.py; this module owns the request semantics.
+
+A request must fit the base's context (ResidentModel.context_length): a prompt that leaves no room
+is refused before anything is allocated (`check_fits`, ContextLengthExceeded), and generation stops
+at the context's end with finish reason "length" (as when max_tokens is reached).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from zenedge.errors import InvalidInput
-from zenedge.runtime.decode import left_pad, open_stepper
+from zenedge.errors import ContextLengthExceeded, InvalidInput
+from zenedge.runtime.decode import Stepper, open_stepper
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant
+
+
+# Prompt tokens per prefill forward. A chunk's cost is roughly linear in its tokens on a CPU, so a
+# smaller one lets other rows decode more often during a long prefill for little loss; the chunks
+# are counted from the row's own start, so they are the same alone as in a batch.
+PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -75,16 +89,34 @@ def encode_text(tokenizer, prompt: str) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
-class _Row:
-    """Per-row decoding state: sampling, detokenisation, stop handling."""
+def check_fits(resident: ResidentModel, input_ids: Sequence[int]) -> None:
+    """Refuse a prompt before any work: an empty one, or one that leaves no room to generate in
+    the base's context. (A max_tokens beyond the room left is honoured up to the context's end,
+    finish reason "length", as llama.cpp's server does; OpenAI refuses it.) Every entry point
+    checks here: the engine, the daemon's scheduler per job, and generate() itself."""
+    prompt, context = len(input_ids), resident.context_length
+    if not prompt:
+        raise InvalidInput("empty prompt")
+    if prompt >= context:
+        raise ContextLengthExceeded(
+            f"the prompt is {prompt:,} tokens and {resident.name}'s context length is {context:,} tokens, "
+            f"with room for at least one more", hint="shorten the prompt or the conversation")
 
-    def __init__(self, index: int, request: GenerationRequest, tokenizer, eos_ids: tuple[int, ...],
-                 device: torch.device):
+
+class _Row:
+    """Per-row decoding state: prefill progress, sampling, detokenisation, stop handling."""
+
+    def __init__(self, index: int, request: GenerationRequest, tokenizer, eos_ids: tuple[int, ...], context: int):
         self.index = index
+        self.prompt = list(request.input_ids)
+        self.variant = request.variant
         self.params = request.params
         self.cancelled = request.cancelled
         self.tokenizer = tokenizer
         self.eos_ids = set(eos_ids)
+        self.limit = min(self.params.max_tokens, context - len(self.prompt))   # the context bounds it
+        self.prefilled = 0        # prompt tokens already in the cache
+        self.pending: int | None = None   # the token the next decode step feeds
         self.ids: list[int] = []
         self.emitted = 0          # characters of the decoded text already streamed
         self.done = False
@@ -94,6 +126,17 @@ class _Row:
             self.generator.manual_seed(self.params.seed if self.params.seed is not None
                                        else int(torch.randint(0, 2**62, (1,)).item()))
         self.hold = max((len(s) for s in self.params.stop), default=1) - 1
+
+    @property
+    def prefilling(self) -> bool:
+        return not self.done and self.prefilled < len(self.prompt)
+
+    @property
+    def decoding(self) -> bool:
+        return not self.done and self.pending is not None
+
+    def next_chunk(self) -> list[int]:
+        return self.prompt[self.prefilled:self.prefilled + PREFILL_CHUNK]
 
     def choose(self, logits: torch.Tensor) -> int:
         # logits: [V] fp32 for this row's last position
@@ -107,6 +150,12 @@ class _Row:
             return int(order[torch.multinomial(sorted_probs, 1, generator=self.generator)])
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
+    def take(self, token: int) -> Delta:
+        """The row's next token: its delta, and the token the next step feeds (None when done)."""
+        delta = self.advance(token)
+        self.pending = None if self.done else token
+        return delta
+
     def advance(self, token: int) -> Delta:
         if token in self.eos_ids:
             self.done = True
@@ -118,7 +167,7 @@ class _Row:
             if position != -1:
                 self.done = True
                 return Delta(self.index, self._flush(text[:position]), token, "stop")
-        if len(self.ids) >= self.params.max_tokens:
+        if len(self.ids) >= self.limit:
             self.done = True
             return Delta(self.index, self._flush(text), token, "length")
         if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
@@ -136,50 +185,125 @@ class _Row:
         return out
 
 
-def generate(resident: ResidentModel, requests: Sequence[GenerationRequest], *,
-             stepper: str = "auto") -> Iterator[list[Delta]]:
-    """Decode a batch; yield, per step, the deltas of the rows still running. Closing the
+def generate(resident: ResidentModel, requests: Sequence[GenerationRequest], *, stepper: str = "auto",
+             admit: Callable[[], Sequence[GenerationRequest]] | None = None) -> Iterator[list[Delta]]:
+    """Decode a batch; yield, per tick, the deltas of the rows that produced one (Delta.index: the
+    request's place, in `requests` then in the order `admit` handed them over). Closing the
     iterator stops generation (a client that goes away costs nothing more).
 
+    `admit`: called between ticks, returns requests that join the batch now (checked with
+    `check_fits` by the caller: one that does not fit fails the whole batch here). Ignored by
+    steppers whose rows are fixed (CUDA graphs).
     `stepper`: "auto" (the static cache, CUDA-graphed on a GPU, when the model allows it), or one
     of decode.STEPPERS forced ("dynamic" is transformers' own cache: the reference path)."""
     if not requests:
         return
     for request in requests:
-        if not request.input_ids:
-            raise InvalidInput("empty prompt")
-    tokenizer = resident.tokenizer
-    rows = [_Row(i, r, tokenizer, resident.eos_ids, resident.device) for i, r in enumerate(requests)]
-    pad = tokenizer.pad_token_id
-    input_ids, valid = left_pad([r.input_ids for r in requests], pad)
-    batch = RowVariants.build([r.variant for r in requests], resident.device)
-    max_new = max(r.params.max_tokens for r in requests)
-    with open_stepper(resident, batch, input_ids.shape[1], max_new, stepper) as model_steps:
-        logits = model_steps.prefill(input_ids, valid)                        # [B, V]
+        check_fits(resident, request.input_ids)        # before anything is allocated
+    rows = _Rows(resident, requests)
+    with open_stepper(resident, rows.batch(), max(len(r.input_ids) for r in requests),
+                      max(row.limit for row in rows.slots), stepper) as model:
+        rows.model = model
         while True:
-            deltas, next_ids = _advance(rows, logits, pad)
-            yield deltas
-            if all(row.done for row in rows):
+            deltas = rows.tick()
+            if deltas:
+                yield deltas
+            if admit is not None and model.joins:
+                for request in admit():
+                    check_fits(resident, request.input_ids)
+                    rows.join(request)
+            if rows.finished():
                 return
-            logits = model_steps.step(next_ids)
+            rows.resize()
 
 
-def _advance(rows: list[_Row], logits: torch.Tensor, pad: int) -> tuple[list[Delta], list[int]]:
-    """Pick each running row's token (one argmax and one host sync for all greedy rows), update
-    its text, and return the step's deltas and the next input ids (pads for finished rows)."""
-    greedy = None
-    if any(not row.done and row.generator is None for row in rows):
-        greedy = logits.argmax(dim=-1).tolist()
-    deltas, next_ids = [], []
-    for row in rows:
-        if not row.done and row.cancelled is not None and row.cancelled.is_set():
-            row.done = True
-            deltas.append(Delta(row.index, "", None, "cancelled"))
-        if row.done:
-            next_ids.append(pad)
-            continue
-        token = greedy[row.index] if row.generator is None else row.choose(logits[row.index])
-        delta = row.advance(token)
-        deltas.append(delta)
-        next_ids.append(delta.token_id if not row.done else pad)
-    return deltas, next_ids
+class _Rows:
+    """The rows of one generate() call in their slots of the stepper's batch."""
+
+    def __init__(self, resident: ResidentModel, requests: Sequence[GenerationRequest]):
+        self.resident = resident
+        self.pad = resident.tokenizer.pad_token_id
+        self.count = 0                                     # requests seen: the next one's index
+        self.slots: list[_Row] = [self._row(r) for r in requests]
+        self.fresh: list[int] = []                         # slots given a new request since the last resize
+        self.shape = self._variants()
+        self.model: Stepper | None = None
+
+    def _row(self, request: GenerationRequest) -> _Row:
+        row = _Row(self.count, request, self.resident.tokenizer, self.resident.eos_ids, self.resident.context_length)
+        self.count += 1
+        return row
+
+    def _variants(self) -> list:
+        """The variant each slot's decode row applies: its own while its request runs; a finished
+        slot takes a running row's, so that a batch of one variant stays one (no mixed path)."""
+        running = [row.variant for row in self.slots if not row.done]
+        filler = running[0] if running else None
+        return [row.variant if not row.done else filler for row in self.slots]
+
+    def batch(self) -> RowVariants:
+        return RowVariants.build(self._variants(), self.resident.device)
+
+    def finished(self) -> bool:
+        return all(row.done for row in self.slots)
+
+    def join(self, request: GenerationRequest) -> None:
+        """A request joins: it takes a finished row's slot, or a new one at the end."""
+        row = self._row(request)
+        slot = next((i for i, old in enumerate(self.slots) if old.done), len(self.slots))
+        self.slots[slot:slot + 1] = [row]
+        self.fresh.append(slot)
+
+    def resize(self) -> None:
+        """Tell the stepper when its rows changed: joins, finished rows at the end dropped, finished
+        rows' variants swapped. Steppers with fixed rows keep theirs."""
+        if not self.model.joins:
+            return
+        while len(self.slots) > 1 and self.slots[-1].done:    # (a fresh slot's row is running)
+            self.slots.pop()
+        variants = self._variants()
+        shape = [None if v is None else v.key for v in variants]
+        if shape != self.shape or self.fresh:
+            self.model.set_batch(RowVariants.build(variants, self.resident.device), self.fresh)
+            self.shape, self.fresh = shape, []
+
+    def tick(self) -> list[Delta]:
+        deltas = [Delta(row.index, "", None, "cancelled") for row in self.slots if self._cancel(row)]
+        return deltas + self._step() + self._prefill()
+
+    @staticmethod
+    def _cancel(row: _Row) -> bool:
+        if row.done or row.cancelled is None or not row.cancelled.is_set():
+            return False
+        row.done = True
+        return True
+
+    def _step(self) -> list[Delta]:
+        """One decode step for every decoding row (one argmax and one host sync for all greedy rows)."""
+        live = [row.decoding for row in self.slots]
+        if not any(live):
+            return []
+        logits = self.model.step([row.pending if on else self.pad for row, on in zip(self.slots, live)], live)
+        greedy = None
+        if any(on and row.generator is None for row, on in zip(self.slots, live)):
+            greedy = logits.argmax(dim=-1).tolist()
+        return [row.take(greedy[slot] if row.generator is None else row.choose(logits[slot]))
+                for slot, (row, on) in enumerate(zip(self.slots, live)) if on]
+
+    def _prefill(self) -> list[Delta]:
+        """Up to PREFILL_CHUNK prompt tokens (at least one chunk), rows with the fewest left first:
+        a short prompt is not held up behind a long one. A row whose prompt is in gets its first token."""
+        waiting = sorted((slot for slot, row in enumerate(self.slots) if row.prefilling),
+                         key=lambda slot: len(self.slots[slot].prompt) - self.slots[slot].prefilled)
+        deltas, spent = [], 0
+        for slot in waiting:
+            row = self.slots[slot]
+            chunk = row.next_chunk()
+            if spent and spent + len(chunk) > PREFILL_CHUNK:
+                break
+            logits = self.model.prefill(slot, chunk)
+            spent += len(chunk)
+            row.prefilled += len(chunk)
+            if not row.prefilling:
+                deltas.append(row.take(row.choose(logits)))
+        return deltas

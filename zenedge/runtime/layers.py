@@ -4,6 +4,12 @@ that row's variant (LoRA low-rank path, BitDelta 1-bit path) on top of the untou
 The model itself knows nothing about adapters (as in gpt-fast, the transform is applied from
 outside). Which variant each row uses is set for a forward pass through a shared `RowVariants`
 object, so one forward serves a mixed batch.
+
+In a decode step the rows are different requests, and a request must get the same tokens alone as
+in any batch: every product here then sums a row the same way whatever the other rows are. The
+int4 and bf16 kernels do (cpu_weights); a LoRA's small fp32 products go through `add_lora_`, and a
+packed BitDelta's fp32 path one row at a time (torch's fp32 BLAS takes other paths, and other
+summation orders, for one row than for several). A prefill is one request's tokens: one product.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zenedge.kernels import native
 from zenedge.merge.factors import LoraFactors
 from zenedge.runtime.cpu_weights import CpuWeight, linear as fast_linear
 from zenedge.runtime.variants import BitDeltaModule, Variant
@@ -64,6 +71,7 @@ class VariantLinear(nn.Module):
         batch = self.state.current
         if batch is None or not batch.groups:
             return self._base(x)
+        per_row = not self.state.plain          # a decode step: rows are requests
         if batch.uniform is not None:  # one variant for the whole batch: no gathers
             module = batch.uniform.modules.get(self.name)
             if module is None:
@@ -71,7 +79,7 @@ class VariantLinear(nn.Module):
             if isinstance(module, BitDeltaModule):
                 return self._bitdelta(x, module)
             y = self._base(x)
-            self._add_lora(y, x, module)
+            add_lora_(y.view(-1, y.shape[-1]), x.reshape(-1, x.shape[-1]), module, per_row=per_row)
             return y
         y = self._base(x)
         for variant, idx in batch.groups:
@@ -79,9 +87,10 @@ class VariantLinear(nn.Module):
             if module is None:
                 continue
             rows = x.index_select(0, idx)
-            if isinstance(module, LoraFactors):
-                a_t, b_t = module.transposed
-                y.index_add_(0, idx, (rows @ a_t) @ b_t, alpha=module.scale)
+            if isinstance(module, LoraFactors):   # the same sums as a batch of these rows alone
+                part = y.index_select(0, idx)
+                add_lora_(part.view(-1, part.shape[-1]), rows.reshape(-1, rows.shape[-1]), module, per_row=per_row)
+                y.index_copy_(0, idx, part)
             else:  # BitDelta rows: the fused path gives base + delta, replacing the base rows
                 y.index_copy_(0, idx, self._bitdelta(rows, module))
         return y
@@ -113,8 +122,8 @@ class VariantLinear(nn.Module):
         if delta is None:
             return self.base_fn(cast=cast)
         if isinstance(delta, LoraFactors):
-            base, (a_t, b_t), scale = self.base_fn(), delta.transposed, delta.scale
-            return lambda x: base(x).addmm_(x @ a_t, b_t, alpha=scale)
+            base = self.base_fn()
+            return lambda x: add_lora_(base(x), x, delta, per_row=True)
         if isinstance(delta, BitDeltaModule):
             bias = self.base.bias
 
@@ -139,17 +148,6 @@ class VariantLinear(nn.Module):
             return F.linear(x, self.base.weight, self.base.bias)
         return self.fast.linear(x, self.base.bias)
 
-    @staticmethod
-    def _add_lora(y: torch.Tensor, x: torch.Tensor, module: LoraFactors) -> None:
-        """y += scale·(x·Aᵀ)·Bᵀ in place. Low rank first: [*, in]·Aᵀ → [*, r] is tiny, so the delta
-        costs ~2·r·(in+out) per token; addmm_ fuses the second product, the scale and the add."""
-        a_t, b_t = module.transposed
-        low = x.reshape(-1, x.shape[-1]) @ a_t                              # [N, r]
-        if low.dtype != b_t.dtype:  # under autocast (the quality gate's bf16 scoring): autocast picks the dtype
-            y.view(-1, y.shape[-1]).add_(low @ b_t, alpha=module.scale)
-            return
-        y.view(-1, y.shape[-1]).addmm_(low, b_t, alpha=module.scale)
-
     def _bitdelta(self, x: torch.Tensor, module: BitDeltaModule) -> torch.Tensor:
         """x·(W + α⊙S)ᵀ + b through the fused kernel (CUDA) or the CPU path, never materialising
         W+α⊙S, unless the cache holds a reconstructed dense weight for this hot variant (then
@@ -160,8 +158,49 @@ class VariantLinear(nn.Module):
         from zenedge.kernels import bitdelta_linear
 
         shape = x.shape
-        out = bitdelta_linear(x.reshape(-1, shape[-1]), self.base.weight, module.packed, module.alpha, self.base.bias)
+        flat = x.reshape(-1, shape[-1])
+        weights = (self.base.weight, module.packed, module.alpha, self.base.bias)
+        if flat.shape[0] > 1 and flat.device.type == "cpu" and not self.state.plain:
+            # a decode step's rows are requests: each through the one-row path (its fp32 matmul)
+            out = torch.cat([bitdelta_linear(flat[i:i + 1], *weights) for i in range(flat.shape[0])])
+        else:
+            out = bitdelta_linear(flat, *weights)
         return out.reshape(*shape[:-1], out.shape[-1])
+
+
+_KERNEL = "_zenedge_lora_kernel"
+
+
+def add_lora_(y: torch.Tensor, x: torch.Tensor, factors: LoraFactors, *, per_row: bool) -> torch.Tensor:
+    """y += scale·(x·Aᵀ)·Bᵀ in place; y: [N, out] (rows may be strided, e.g. a slice of a stacked
+    product), x: [N, in]. Low rank first: x·Aᵀ is [N, r], so the delta costs ~2·r·(in+out) per row.
+
+    `per_row`: the rows are different requests (a decode step), so each must be summed the same way
+    whatever the others are: the C kernel (kernels/lora_add.c) where it takes the factors (fp32 on
+    the CPU; decided by the factors alone, never by N), else one row at a time through torch's
+    one-row path. Otherwise (one request's tokens: a prefill, scoring) one BLAS product, addmm_
+    fusing the second product, the scale and the add."""
+    a_t, b_t = factors.transposed
+    if not per_row:
+        low = x @ a_t                                                   # [N, r]
+        if low.dtype != b_t.dtype:  # under autocast (the quality gate's bf16 scoring): autocast picks the dtype
+            return y.add_(low @ b_t, alpha=factors.scale)
+        return y.addmm_(low, b_t, alpha=factors.scale)
+    kernel = _lora_kernel(factors)
+    if kernel is not None and x.dtype == y.dtype == torch.float32:
+        return kernel(y, x)
+    for i in range(x.shape[0]):
+        y[i:i + 1].addmm_(x[i:i + 1] @ a_t, b_t, alpha=factors.scale)
+    return y
+
+
+def _lora_kernel(factors: LoraFactors):
+    """The factors' C kernel (native.lora_add_fn), made once and kept on them (as their
+    `transposed` views are), or None where it does not apply."""
+    cached = factors.__dict__
+    if _KERNEL not in cached:
+        cached[_KERNEL] = native.lora_add_fn(factors.A, factors.B, factors.scale)
+    return cached[_KERNEL]
 
 
 class VariantState:

@@ -8,14 +8,20 @@ right), the target linears (VariantLinear: per-row variants still apply), the ac
 output head (possibly a wrapper). Only the glue between them (RMSNorm, rope, attention, the
 residual adds) is done here, with transformers' numerics up to op order (fp32 RMSNorm and the
 decode step's attention run in zenedge's C kernels where they build, kernels/native.py, else
-torch's ops): fp32 logits agree to ~1e-6 relative; bf16 ones differ by bf16 rounding (the decode
-step's rope, for one, rounds once where transformers rounds three times) and stay as close to
-fp32 as transformers' own.
+torch's ops): fp32 logits agree to ~1e-6 relative; bf16 ones differ by bf16 rounding and stay as
+close to fp32 as transformers' own.
 
-It serves exactly what `decode._Forward` serves: (input_ids [B, T], an additive 4-D mask
-[B, 1, T, L], position_ids [B, T], a cache with `update(k, v, layer_idx)`) → logits [B, V] of the
-last position. `supported(model)` accepts only the structures whose math is checked to be
-Llama's (table below); anything else keeps the transformers path.
+A decode step's rows are different requests, and a request must decode the same tokens alone as
+in any batch, so no op of a step mixes rows or changes its summation order with their number:
+rope is elementwise (a batched matmul takes another BLAS path for one row), cos/sin come from a
+table computed once (the vectorised and scalar cos differ in the last bit), attention runs per row
+over that row's own length, the linears' kernels are row-invariant (cpu_weights, layers).
+
+It serves exactly what `decode._Forward` serves: `prefill` (one row's chunk of prompt tokens
+[1, T], its positions, an additive causal mask [1, 1, T, L], a `static_cache.RowChunk`) → logits
+[1, V] of the last token, and `step` (one token per row [n], a `static_cache.StepView`) → logits
+[n, V]. `supported(model)` accepts only the structures whose math is checked to be Llama's (table
+below); anything else keeps the transformers path.
 
 To force the transformers path on a model (tests, benchmarks): `set_enabled(model, False)`.
 """
@@ -32,7 +38,7 @@ from torch import nn
 from zenedge.kernels import native
 from zenedge.merge.factors import LoraFactors
 from zenedge.runtime import cpu_weights
-from zenedge.runtime.layers import VariantLinear
+from zenedge.runtime.layers import VariantLinear, add_lora_
 from zenedge.runtime.variants import BitDeltaModule
 
 # model_type → (transformers module, class-name prefix). Mistral and Qwen2 are Llama's math exactly
@@ -134,8 +140,6 @@ class LeanLlama:
                 heads, heads // attn.num_key_value_groups, attn.head_dim, attn.scaling,
                 _norm(layer.post_attention_layernorm), mlp.gate_proj, mlp.up_proj, mlp.down_proj,
                 _activation(mlp.act_fn)))
-        head_dim = inner.layers[0].self_attn.head_dim if self.layers else 2
-        self.signs = _rotate_half_signs(head_dim, self.embed.weight.dtype, self.embed.weight.device)
         # A decode step's linears, bound once for the request: where no row's variant touches a
         # linear, its kernel is called directly (VariantLinear.bound), skipping ~8 µs of module
         # and wrapper calls each, 211 times per token; q/k/v and gate/up then run as one product
@@ -149,69 +153,114 @@ class LeanLlama:
                             for i, norm1, q, k, v, o, heads, kv_heads, dim, scaling, norm2, gate, up, down, act
                             in self.layers]
         self.step_head = _bound(self.head, batch)
+        self.rope = RopeTable.of(self.rotary, self.embed.weight.dtype, self.embed.weight.device)
 
-    def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache,
-                 plain: bool = False) -> torch.Tensor:
-        # input_ids, positions: [B, T]; mask: [B, 1, T, L] additive; cache.update(k, v, i) → [B, H_kv, L, D]
-        # plain: a prefill, multiplied with the plain weights (VariantState.plain), which only the
-        # modules know about: it takes the general path even for a one-token prompt.
-        x = self.embed(input_ids)                                           # [B, T, hidden]
-        cos, sin = self.rotary(x, positions)                                # [B, T, D] each, x's dtype
-        if input_ids.shape[1] == 1 and mask.shape[1] == 1 and not plain:
-            return self.step_head(self.norm(self._decode(x[:, 0], cos[:, 0], sin[:, 0], mask, cache)))
-        x = self._prefill(x, cos, sin, mask, cache)[:, -1]
-        return self.head(self.norm(x))                                      # [B, hidden] → [B, V]
+    def prefill(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """One row's chunk of prompt tokens, multiplied with the plain weights (VariantState.plain,
+        which only the modules know about). input_ids, positions: [1, T]; mask: [1, 1, T, L]
+        additive; cache.update(k, v, i) → [1, H_kv, L, D]."""
+        x = self.embed(input_ids)                                           # [1, T, hidden]
+        cos, sin = self.rope.at(positions, mask.shape[-1], x)               # [1, T, D] each
+        x = self._prefill(x, cos[:, :, None], sin[:, :, None], mask, cache)[:, -1]
+        return self.head(self.norm(x))                                      # [1, hidden] → [1, V]
 
-    def _decode(self, x, cos, sin, mask, cache):
-        """One token per row, x: [B, hidden] (2-D all the way: the linears skip matmul's reshapes)."""
+    def step(self, input_ids: torch.Tensor, view) -> torch.Tensor:
+        """One token per row, input_ids: [n]; view: the cache's StepView → logits [n, V]."""
+        x = self.embed(input_ids)                                           # [n, hidden]
+        cos, sin = self.rope.at(view.positions, view.mask.shape[-1], x)     # [n, D] each
+        return self.step_head(self.norm(self._decode(x, cos[:, None], sin[:, None], view)))
+
+    def _decode(self, x, cos, sin, view):
+        """x: [n, hidden] (2-D all the way: the linears skip matmul's reshapes); cos, sin: [n, 1, D]."""
         batch = x.shape[0]
-        # rope as one [H, D]·[D, D] product per row: R = diag(cos) + (rotate_half as a signed
-        # permutation)·sin. Each output sums the same two products as transformers' (the rest are
-        # exact zeros), in one op for q and k together (adjacent in the q/k/v product) instead of six.
-        rotation = torch.diag_embed(cos) + self.signs * sin[:, None, :]     # [B, D, D]
-        # Views of every layer's K/V slot and history, made in a few ops for all layers at once
-        # (None: a cache that only offers update(), e.g. fixed shapes for CUDA graphs).
-        slots = cache.decode_slots() if hasattr(cache, "decode_slots") else None
         for i, norm1, qkv_proj, o_proj, heads, kv_heads, dim, attend, qk_v, norm2, gate_up, down, act, g_u \
                 in self.step_layers:
-            qk, v = qkv_proj(norm1(x)).split_with_sizes(qk_v, -1)          # [B, (H + H_kv)·D], [B, H_kv·D]
-            q, k = torch.bmm(qk.view(batch, heads + kv_heads, dim), rotation).split_with_sizes((heads, kv_heads), 1)
-            v = v.view(batch, kv_heads, dim)
-            if slots is None:
-                keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2), i)
-            else:
-                key_slot, value_slot, keys, values = slots[i]
-                key_slot.copy_(k)
-                value_slot.copy_(v)
-            if mask.shape[-1] != keys.shape[-2]:
-                mask = mask[..., :keys.shape[-2]]
-            x = x + o_proj(attend(q, keys, values, mask))
+            qk, v = qkv_proj(norm1(x)).split_with_sizes(qk_v, -1)          # [n, (H + H_kv)·D], [n, H_kv·D]
+            qk = _rotate(qk.view(batch, heads + kv_heads, dim), cos, sin)    # q and k in one go
+            q, k = qk.split_with_sizes((heads, kv_heads), 1)
+            write, keys, values = view.layers[i]
+            write(k, v.view(batch, kv_heads, dim))
+            x = x + o_proj(attend(q, keys, values, view))
             g, u = gate_up(norm2(x)).split_with_sizes(g_u, -1)
             x = x + down(act(g) * u)
         return x
 
     def _prefill(self, x, cos, sin, mask, cache):
-        """Any number of tokens per row, x: [B, T, hidden]."""
+        """Any number of tokens of one row, x: [1, T, hidden]; cos, sin: [1, T, 1, D]."""
         batch, width = x.shape[:2]
-        half = cos.shape[-1] // 2
-        # rotate_half(q)·sin == roll(q, D/2)·(sin with its first half negated): no slices, no cat
-        cos = cos[:, :, None]                                               # [B, T, 1, D]: broadcast over heads
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, :, None]
         for i, norm1, q_proj, k_proj, v_proj, o_proj, heads, kv_heads, dim, scaling, norm2, gate, up, down, act in self.layers:
             h = norm1(x)
-            q = q_proj(h).view(batch, width, heads, dim)
-            k = k_proj(h).view(batch, width, kv_heads, dim)
+            q = _rotate(q_proj(h).view(batch, width, heads, dim), cos, sin)
+            k = _rotate(k_proj(h).view(batch, width, kv_heads, dim), cos, sin)
             v = v_proj(h).view(batch, width, kv_heads, dim)
-            q = torch.addcmul(q * cos, q.roll(half, -1), sin)
-            k = torch.addcmul(k * cos, k.roll(half, -1), sin)
             keys, values = cache.update(k.transpose(1, 2), v.transpose(1, 2), i)
-            if mask.shape[-1] != keys.shape[-2]:
-                mask = mask[..., :keys.shape[-2]]
             out = _attention(q.transpose(1, 2), keys, values, mask, scaling, heads // kv_heads)
             x = x + o_proj(out.transpose(1, 2).reshape(batch, width, heads * dim))
             h = norm2(x)
             x = x + down(act(gate(h)) * up(h))
         return x
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rope: x·cos + rotate_half(x)·sin, with `sin` signed (RopeTable): rotate_half(x)·sin ==
+    roll(x, D/2)·signed sin, no slices, no cat. Elementwise, rounded as transformers rounds it."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+
+
+class RopeTable:
+    """cos and sin of every position, from the model's own rotary embedding (every rope scaling it
+    supports), computed once per model, dtype and device and looked up by position: the same
+    numbers for a position whatever the batch (computed elementwise per call, a batch's size would
+    decide which of them take the vectorised cos and which the scalar one). sin comes with its
+    first half negated, as `_rotate` takes it. Rope types that change their frequencies with the
+    longest position in a call ("dynamic", "longrope") are computed per call, as transformers does."""
+
+    _ATTR = "_zenedge_rope_tables"
+
+    def __init__(self, rotary: nn.Module, dtype: torch.dtype, device: torch.device):
+        self.rotary, self.dtype, self.device = rotary, dtype, device
+        rope_type = getattr(rotary, "rope_type", "default")
+        self.per_call = not isinstance(rope_type, str) or "dynamic" in rope_type or rope_type == "longrope"
+        self.tables: tuple | None = None     # (cos [N, D], signed sin [N, D], the inv_freq they came from)
+
+    @classmethod
+    def of(cls, rotary: nn.Module, dtype: torch.dtype, device: torch.device) -> "RopeTable":
+        tables = rotary.__dict__.setdefault(cls._ATTR, {})    # kept on the module: it lives as long as the model
+        key = (dtype, torch.device(device))
+        if key not in tables:
+            tables[key] = cls(rotary, dtype, device)
+        return tables[key]
+
+    def at(self, positions: torch.Tensor, length: int, like: torch.Tensor):
+        """(cos, signed sin) [*positions.shape, D] for positions below `length` (a host int: no sync)."""
+        if self.per_call:
+            flat = positions.reshape(1, -1)
+            cos, sin = self.rotary(like, flat)
+            return self._shaped(cos[0], _signed(sin[0]), positions)
+        cos, sin = self._table(length)
+        index = positions.reshape(-1)
+        return self._shaped(cos.index_select(0, index), sin.index_select(0, index), positions)
+
+    @staticmethod
+    def _shaped(cos, sin, positions):
+        shape = (*positions.shape, cos.shape[-1])
+        return cos.view(shape), sin.view(shape)
+
+    def _table(self, length: int):
+        inv_freq = getattr(self.rotary, "inv_freq", None)
+        source = None if inv_freq is None else (inv_freq.data_ptr(), inv_freq._version)
+        tables = self.tables
+        if tables is None or tables[0].shape[0] < length or tables[2] != source:
+            size = max(256, 1 << (max(length, 1) - 1).bit_length())        # powers of two: few rebuilds
+            positions = torch.arange(size, device=self.device)[None]
+            cos, sin = self.rotary(torch.empty((), dtype=self.dtype, device=self.device), positions)
+            tables = self.tables = (cos[0], _signed(sin[0]), source)
+        return tables[0], tables[1]
+
+
+def _signed(sin: torch.Tensor) -> torch.Tensor:
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 def _bound(linear, batch, *, cast: bool = True):
@@ -245,7 +294,7 @@ def _products(linears, batch):
         return each
     product = stacked.matmul_fn(None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
     sizes = [linear.weight.shape[0] for linear in linears]
-    loras = [(i, *d.transposed, d.scale) for i, d in enumerate(deltas) if isinstance(d, LoraFactors)]
+    loras = [(i, d) for i, d in enumerate(deltas) if isinstance(d, LoraFactors)]
     hot = [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule)]
     if loras and hot:                                       # no such variant today; keep it exact
         return each
@@ -253,8 +302,8 @@ def _products(linears, batch):
         def with_loras(h):
             y = product(h)
             slices = y.split_with_sizes(sizes, -1)
-            for i, a_t, b_t, scale in loras:
-                slices[i].addmm_(h @ a_t, b_t, alpha=scale)
+            for i, factors in loras:                        # each added as its own linear adds it
+                add_lora_(slices[i], h, factors, per_row=True)
             return y
         return with_loras
     if hot:
@@ -270,34 +319,31 @@ def _products(linears, batch):
 
 
 def _decode_attention(heads: int, kv_heads: int, dim: int, scaling: float, like: torch.Tensor):
-    """One query per row: (q [B, H, D], keys/values [B, H_kv, L, D], mask [B, 1, 1, L]) → [B, H·D],
-    through the C kernel where it takes the tensors (kernels/decode_attention.c: fp32 on the CPU,
-    the dtype and device of `like`), else SDPA."""
+    """One query per row: (q [n, H, D], keys/values [n, H_kv, L, D], the StepView) → [n, H·D],
+    each row over its own first `view.lengths` positions: through the C kernel where it takes the
+    tensors (kernels/decode_attention.c: fp32 on the CPU, the dtype and device of `like`), else
+    SDPA one row at a time (the same call alone as in a batch), else (a CUDA graph's step, whole
+    buffers, no host lengths) SDPA under the mask."""
     native_attend = native.decode_attention_fn(heads, kv_heads, dim, scaling, like.dtype, like.device)
     groups = heads // kv_heads
 
-    def attend(q, keys, values, mask):
+    def attend(q, keys, values, view):
         batch = q.shape[0]
         if native_attend is not None:
-            out = native_attend(q, keys, values, mask)
+            out = native_attend(q, keys, values, view.lengths)
             if out is not None:
                 return out.view(batch, heads * dim)
-        # [B, H, D] is [B, H_kv, H/H_kv, D] in memory (query head h reads KV head h // groups), so
-        # grouped attention needs no repeated keys; the [B, 1, 1, L] mask broadcasts over the groups.
-        out = F.scaled_dot_product_attention(q.view(batch, kv_heads, groups, dim), keys, values,
-                                             attn_mask=mask, scale=scaling)
-        return out.view(batch, heads * dim)
+        # [n, H, D] is [n, H_kv, H/H_kv, D] in memory (query head h reads KV head h // groups), so
+        # grouped attention needs no repeated keys.
+        grouped = q.view(batch, kv_heads, groups, dim)
+        if view.host_lengths is None:
+            out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=view.mask, scale=scaling)
+            return out.view(batch, heads * dim)
+        rows = [F.scaled_dot_product_attention(grouped[b:b + 1], keys[b:b + 1, :, :n], values[b:b + 1, :, :n],
+                                               scale=scaling)
+                for b, n in enumerate(view.host_lengths)]
+        return torch.cat(rows).view(batch, heads * dim)
     return attend
-
-
-def _rotate_half_signs(dim: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """S [D, D] with x·S == rotate_half(x) == cat(-x[D/2:], x[:D/2])."""
-    half = dim // 2
-    signs = torch.zeros(dim, dim, dtype=dtype, device=device)
-    index = torch.arange(half, device=device)
-    signs[index + half, index] = -1
-    signs[index, index + half] = 1
-    return signs
 
 
 def _activation(module: nn.Module):

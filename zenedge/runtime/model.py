@@ -36,6 +36,12 @@ class ResidentModel:
     def target_modules(self) -> list[str]:
         return self.state.modules
 
+    @property
+    def context_length(self) -> int:
+        """Positions the base was trained for (its max_position_embeddings): a request's prompt
+        and generated tokens together never go past them (generate.check_fits)."""
+        return int(self.model.config.max_position_embeddings)
+
 
 def load_resident(name: str, directory: Path, device: torch.device, dtype: torch.dtype,
                   weights: str = "full") -> ResidentModel:

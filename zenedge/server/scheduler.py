@@ -2,11 +2,17 @@
 
 The worker takes the oldest waiting job and every other waiting job on the same base (up to
 `max_batch`), and runs them as ONE mixed batch through `generate()`: each row carries its own
-variant, sampling parameters and cancellation event. Each step's deltas go back to their jobs'
-asyncio queues with one `call_soon_threadsafe` per step, so the event loop never waits on torch.
+variant, sampling parameters and cancellation event. Between generate()'s ticks, jobs on the
+running batch's base join it while it has room (`max_batch` rows running), as long as no job on
+another base has waited longer: a request arriving while a long one decodes, or prefills a long
+prompt chunk by chunk, starts within a tick instead of waiting for the whole batch. Each tick's
+deltas go back to their jobs' asyncio queues with one `call_soon_threadsafe` per tick, so the
+event loop never waits on torch.
 
-Variant loads go through the engine's delta cache (single-flight). A job whose client leaves is
-cancelled: while waiting it is dropped, while running its row ends at the next step.
+A prompt that does not fit the base's context is refused per job, before its "start" (an HTTP
+400), never failing its batch (generate.check_fits). Variant loads go through the engine's delta
+cache (single-flight). A job whose client leaves is cancelled: while waiting it is dropped, while
+running its row ends at the next tick.
 """
 
 from __future__ import annotations
@@ -20,9 +26,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from zenedge.errors import InvalidInput
 from zenedge.runtime.engine import Engine, Prompt
-from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, generate
+from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, check_fits, generate
 from zenedge.runtime.router import Route
 from zenedge.server.errors import QueueFull, ShuttingDown
 
@@ -83,7 +88,8 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
-            return {"queued": sum(not j.cancelled.is_set() for j in self._waiting), "running": len(self._running),
+            return {"queued": sum(not j.cancelled.is_set() for j in self._waiting),
+                    "running": sum(not j.done for j in self._running),
                     "max_queue": self.max_queue, "max_batch": self.max_batch, **vars(self.counters)}
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -119,18 +125,23 @@ class Scheduler:
         self.counters.cancelled += len(self._waiting) - len(kept)
         self._waiting = kept
 
-    def _take(self) -> list[Job]:
-        """The oldest job and the waiting jobs on its base, in arrival order, up to max_batch."""
+    def _take(self, room: int, base: str | None = None) -> list[Job]:
+        """Waiting jobs to run, in arrival order, at most `room`. A new batch (`base` None): the
+        oldest job and the waiting jobs on its base. Joining a running batch on `base`: its jobs
+        that arrived before any waiting job on another base (which would otherwise wait on)."""
         self._drop_cancelled()
-        first = self._waiting.popleft()
-        batch, kept = [first], deque()
+        joining = base is not None
+        if not joining:
+            base = self._waiting[0].route.base
+        taken, kept, passed_other = [], deque(), False
         for job in self._waiting:
-            if job.route.base == first.route.base and len(batch) < self.max_batch:
-                batch.append(job)
+            if job.route.base == base and len(taken) < room and not (joining and passed_other):
+                taken.append(job)
             else:
+                passed_other = passed_other or job.route.base != base
                 kept.append(job)
         self._waiting = kept
-        return batch
+        return taken
 
     def _work(self) -> None:
         while True:
@@ -140,49 +151,67 @@ class Scheduler:
                     self._drop_cancelled()
                 if self._stopping:
                     return
-                batch = self._take()
-                self._running = batch
+                batch = self._take(self.max_batch)
+                self._running = list(batch)             # and the jobs that join it
                 self.counters.batches += 1
                 self.counters.largest_batch = max(self.counters.largest_batch, len(batch))
             try:
                 self._run(batch)
             except BaseException as exc:  # the worker must outlive any one batch
                 log.error("batch of %d failed", len(batch), exc_info=exc)
-                self._deliver([(job, ("error", exc)) for job in batch if not job.done], finishing=True)
+                with self._cond:
+                    running = list(self._running)
+                self._deliver([(job, ("error", exc)) for job in running if not job.done], finishing=True)
             finally:
                 with self._cond:
                     self._running = []
 
     def _run(self, batch: list[Job]) -> None:
-        engine = self.engine
+        engine, base = self.engine, batch[0].route.base
         try:
-            resident = engine.resident(batch[0].route.base)
+            resident = engine.resident(base)
         except Exception as exc:
             self._deliver([(job, ("error", exc)) for job in batch], finishing=True)
             return
-        jobs, requests = [], []
-        for job in batch:
-            try:
-                ids = job.prompt.encode(resident.tokenizer)
-                if not ids:
-                    raise InvalidInput("the prompt is empty")
-                request = GenerationRequest(ids, engine.variant(job.route), job.params, job.cancelled)
-            except Exception as exc:
-                self._deliver([(job, ("error", exc))], finishing=True)
-                continue
-            self._record(job.route)
-            jobs.append(job)
-            requests.append(request)
-        if not jobs:
-            return
-        self._deliver([(job, ("start", len(r.input_ids))) for job, r in zip(jobs, requests)])
+        jobs: list[Job] = []                # generate()'s Delta.index → job
+        requests: list[GenerationRequest] = []
         started = time.perf_counter()
         with ExitStack() as stack:
-            for job in jobs:
-                stack.enter_context(engine.router.inflight(job.route))
-            for deltas in generate(resident, requests):
-                self._deliver([(jobs[d.index], ("delta", d)) for d in deltas])
-        log.debug("batch of %d on %s in %.2fs", len(jobs), batch[0].route.base, time.perf_counter() - started)
+            def start(new: list[Job]) -> list[GenerationRequest]:
+                """Prepare jobs for the batch (a job that cannot run gets its error now) and start them."""
+                ready = [(job, request) for job in new if (request := self._prepare(job, resident)) is not None]
+                for job, _ in ready:
+                    stack.enter_context(engine.router.inflight(job.route))
+                    jobs.append(job)
+                self._deliver([(job, ("start", len(request.input_ids))) for job, request in ready])
+                return [request for _, request in ready]
+
+            def admit() -> list[GenerationRequest]:
+                with self._cond:
+                    running = sum(not job.done for job in jobs)
+                    new = self._take(self.max_batch - running, base) if self._accepting and self._waiting else []
+                    self._running.extend(new)
+                    self.counters.largest_batch = max(self.counters.largest_batch, running + len(new))
+                return start(new) if new else []
+
+            requests = start(batch)
+            if requests:
+                for deltas in generate(resident, requests, admit=admit):
+                    self._deliver([(jobs[d.index], ("delta", d)) for d in deltas])
+        log.debug("batch of %d on %s in %.2fs", len(jobs), base, time.perf_counter() - started)
+
+    def _prepare(self, job: Job, resident) -> GenerationRequest | None:
+        """The job's request (prompt encoded and checked against the context, variant loaded), or
+        None after delivering its error."""
+        try:
+            ids = job.prompt.encode(resident.tokenizer)
+            check_fits(resident, ids)
+            request = GenerationRequest(ids, self.engine.variant(job.route), job.params, job.cancelled)
+        except Exception as exc:
+            self._deliver([(job, ("error", exc))], finishing=True)
+            return None
+        self._record(job.route)
+        return request
 
     def _record(self, route: Route) -> None:
         if route.adapter is None:
