@@ -25,6 +25,11 @@ def isolated_home(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_base_dir(tmp_path_factory) -> Path:
     """A tiny random llama saved as a Hugging Face directory (config.json + safetensors)."""
+    return make_tiny_base(tmp_path_factory.mktemp("tiny-base"))
+
+
+def make_tiny_base(path: Path) -> Path:
+    """Write the tiny random llama into `path` (also used outside pytest, by tests/faults.py)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -35,7 +40,6 @@ def tiny_base_dir(tmp_path_factory) -> Path:
     config.bos_token_id, config.eos_token_id, config.pad_token_id = 1, 2, 0
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = 2
-    path = tmp_path_factory.mktemp("tiny-base")
     model.save_pretrained(path, safe_serialization=True)
     tiny_tokenizer().save_pretrained(path)
     return path

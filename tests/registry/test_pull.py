@@ -1,118 +1,28 @@
 """Pulling through a real HTTP server on 127.0.0.1 (with Range support and injected faults)."""
 
 import json
-import shutil
 import threading
 
 import pytest
 
-from tests.conftest import run_cli, tiny_module_shapes, write_lora_dir
+from tests.conftest import run_cli, tiny_module_shapes
+from tests.registry.server import build_tiny_registry, serve_registry
 from zenedge import config
 from zenedge.errors import BudgetExceeded, DigestMismatch, ProfileNotFound, RegistryError
-from zenedge.registry.builder import build_registry
 from zenedge.registry.pull import pull, search
-from zenedge.registry.serve import RangeRequestHandler, make_server
 from zenedge.store import Store
-
-
-class FaultyHandler(RangeRequestHandler):
-    """Serves files, but can drop a connection mid-file, corrupt bytes, or lie about lengths."""
-
-    faults: dict = {}
-    log: list = []
-
-    def send_head(self):
-        self.log.append((self.path, self.headers.get("Range")))
-        name = self.path.rsplit("/", 1)[-1]
-        fault = self.faults.get(name)
-        if fault is None:
-            return super().send_head()
-        path = self.translate_path(self.path)
-        data = open(path, "rb").read()
-        kind = fault["kind"]
-        if kind == "gate" and not fault["opened"].is_set():
-            return self._gated(data, fault)
-        if kind == "gate":
-            return super().send_head()
-        if kind == "drop" and fault.get("left", 1) > 0 and not self.headers.get("Range"):
-            fault["left"] = fault.get("left", 1) - 1
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data[: len(data) // 2])
-            self.wfile.flush()
-            self.close_connection = True
-            raise ConnectionAbortedError  # ends this request mid-body
-        if kind == "drop":
-            return super().send_head()
-        body = {"corrupt": lambda d: d[:-1] + bytes([d[-1] ^ 0xFF]),
-                "longer": lambda d: d + b"extra bytes the manifest never promised",
-                "shorter": lambda d: d[:-10]}[kind](data)
-        self.send_response(200)
-        length = {"wrong-length": len(data) + 5, "shorter": len(data)}.get(kind, len(body))
-        self.close_connection = kind in ("shorter", "wrong-length")  # promise more than sent, hang up
-        self.send_header("Content-Length", str(length))
-        self.end_headers()
-        import io
-        return io.BytesIO(body)
-
-    def _gated(self, data, fault):
-        """The first request for the file sends half its body, then waits until the test opens
-        the gate: a download caught mid-transfer for as long as the test needs (no sleeps)."""
-        fault["opened"].set()  # later requests for the file are served whole
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data[: len(data) // 2])
-        self.wfile.flush()
-        fault["halfway"].set()
-        fault["release"].wait(120)
-        self.wfile.write(data[len(data) // 2:])
-        return None
-
-    def copyfile(self, source, outputfile):
-        try:
-            super().copyfile(source, outputfile)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-    def handle_one_request(self):
-        try:
-            super().handle_one_request()
-        except ConnectionAbortedError:
-            self.close_connection = True
 
 
 @pytest.fixture
 def registry_dir(tmp_path, tiny_base_dir, store):
     """A registry of three tiny profiles (two LoRA, one sharing weights) for the `tiny` base."""
-    root = tmp_path / "registry"
-    shapes = tiny_module_shapes(tiny_base_dir)
-    base_sha = store.base("tiny")["sha256"]
-    for name, seed, rank in [("writer", 1, 8), ("coder", 2, 32), ("writer-copy", 1, 8)]:
-        folder = root / name
-        write_lora_dir(folder / "adapter", shapes, seed=seed, rank=rank)
-        (folder / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"q{i}", "answer": f"a{i}"}) + "\n"
-                                                   for i in range(50)))
-        (folder / "recipe.json").write_text(json.dumps({
-            "name": name, "version": "1.0.0", "description": f"{name} for tests", "kind": "lora",
-            "license": "CC0-1.0", "metric": "exact_match", "base": {"name": "tiny", "sha256": base_sha}}))
-    build_registry(root)
-    return root
+    return build_tiny_registry(tmp_path / "registry", tiny_module_shapes(tiny_base_dir), store.base("tiny")["sha256"])
 
 
 @pytest.fixture
 def server(registry_dir):
-    FaultyHandler.faults, FaultyHandler.log = {}, []
-    import functools
-    import http.server
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(FaultyHandler, directory=str(registry_dir)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", FaultyHandler
-    httpd.shutdown()
-    httpd.server_close()
+    with serve_registry(registry_dir) as served:
+        yield served
 
 
 def http_cfg(tmp_path, url, extra=""):
@@ -319,15 +229,22 @@ def test_two_pulls_of_the_same_profile_share_one_download(store, server, tmp_pat
     assert store.check() == [] and not list((store.home / "partial").iterdir())
 
 
-def test_interrupted_downloads_are_reported_and_collected(store, server, tmp_path, monkeypatch):
-    """Regression: partial files of interrupted pulls survived `pool gc` and `pool maintain`, were
-    missing from `pool check` and `pool status`. Gc removes those no live pull owns."""
+def interrupted_pull(store, server, tmp_path, monkeypatch):
+    """A pull that gives up after its retries (the server keeps hanging up early), leaving its
+    partial file; returns the config it used."""
     url, handler = server
     monkeypatch.setattr("zenedge.registry.download.time.sleep", lambda s: None)
     handler.faults["adapter_model.safetensors"] = {"kind": "shorter"}
     cfg = http_cfg(tmp_path, url)
     with pytest.raises(RegistryError):
         pull(store, cfg, "writer")
+    return cfg
+
+
+def test_interrupted_downloads_are_reported_and_collected(store, server, tmp_path, monkeypatch):
+    """Regression: partial files of interrupted pulls survived `pool gc` and `pool maintain`, were
+    missing from `pool check` and `pool status`. Gc removes those no live pull owns."""
+    cfg = interrupted_pull(store, server, tmp_path, monkeypatch)
     [part] = list((store.home / "partial").glob("*.part"))
     size = part.stat().st_size
     env = {"ZENEDGE_CONFIG": str(cfg.path)}
@@ -345,12 +262,7 @@ def test_interrupted_downloads_are_reported_and_collected(store, server, tmp_pat
 def test_maintain_collects_interrupted_downloads(store, server, tmp_path, monkeypatch):
     from zenedge.maintenance import maintain
 
-    url, handler = server
-    monkeypatch.setattr("zenedge.registry.download.time.sleep", lambda s: None)
-    handler.faults["adapter_model.safetensors"] = {"kind": "shorter"}
-    cfg = http_cfg(tmp_path, url)
-    with pytest.raises(RegistryError):
-        pull(store, cfg, "writer")
+    cfg = interrupted_pull(store, server, tmp_path, monkeypatch)
     assert list((store.home / "partial").glob("*.part"))
     report = maintain(store, cfg, verify=False)
     assert report["reconciled"]["partial_downloads"] == 1

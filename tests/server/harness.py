@@ -193,3 +193,20 @@ def sse_events(lines) -> list:
             data = line[len("data: "):]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+async def stream_text(client: httpx.AsyncClient, body: dict) -> tuple[str, str | None, bool]:
+    """Stream a chat completion: (text, finish_reason, ended with [DONE])."""
+    text, reason, done = "", None, False
+    async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            text += choice["delta"].get("content") or ""
+            reason = choice.get("finish_reason") or reason
+    return text, reason, done

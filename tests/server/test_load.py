@@ -10,30 +10,13 @@ import time
 
 import httpx
 
-from tests.server.harness import PROFILES, chat_body
+from tests.server.harness import PROFILES, chat_body, stream_text
 
 STREAMS = 32
 
 
 def request_for(i: int) -> dict:
     return chat_body(PROFILES[i % len(PROFILES)], f"request {i}: " + "abc"[i % 3] * (i % 7), max_tokens=16)
-
-
-async def stream_text(client: httpx.AsyncClient, body: dict) -> tuple[str, str | None, bool]:
-    """(text, finish_reason, ended with [DONE])."""
-    text, reason, done = "", None, False
-    async with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
-        assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                done = True
-                continue
-            choice = json.loads(line[6:])["choices"][0]
-            text += choice["delta"].get("content") or ""
-            reason = choice.get("finish_reason") or reason
-    return text, reason, done
 
 
 def test_32_concurrent_streams_over_4_profiles_lose_nothing(daemon, record_property):
