@@ -204,3 +204,11 @@ def test_target_modules_as_peft_matches_them_are_accepted(store, lora_factory, t
     base = AutoModelForCausalLM.from_pretrained(store.home / store.base("tiny")["dir"])
     loaded = PeftModel.from_pretrained(base, tmp_path / "out" / "fits")
     assert sum(".lora_A." in n for n, _ in loaded.named_parameters()) >= 8
+
+
+def test_a_missing_path_is_refused_before_the_default_base_is_set_up(tmp_path, isolated_home):
+    from tests.conftest import run_cli
+
+    result = run_cli("import", str(tmp_path / "nowhere"), "--name", "x")
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and "no such file" in result.stderr
+    assert not any((isolated_home / "bases").iterdir())  # nothing was converted first

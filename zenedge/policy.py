@@ -60,6 +60,13 @@ def resolve_base(store: Store, name: str | None, progress: Progress | None = Non
                        hint="register it with `zenedge base add PATH --name NAME`")
 
 
+def check_source(path: Path) -> None:
+    """Refuse a missing adapter path before anything slow (the default base's first-use set-up)."""
+    if not Path(path).exists():
+        raise InvalidInput(f"{path}: no such file or directory",
+                           hint="give a PEFT LoRA directory or a .bitdelta file")
+
+
 def check_eval_set(path: Path | None) -> Path | None:
     """Refuse an eval set that is not a readable JSONL of prompt/answer pairs now, before it is
     stored (a broken set would otherwise surface in some later, unrelated merge)."""
@@ -81,6 +88,7 @@ def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str |
                 progress: Progress | None = None) -> dict[str, Any]:
     """Validate a PEFT LoRA directory against its base and store it under `name`."""
     check_name(name, "profile name")
+    check_source(path)
     check_eval_set(eval_path)
     base_row = resolve_base(store, base, progress)
     modules = {m: tuple(s) for m, s in base_row["modules"].items()}
@@ -108,6 +116,7 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
     from zenedge.bitdelta.fileformat import load_bitdelta
 
     check_name(name, "profile name")
+    check_source(path)
     check_eval_set(eval_path)
     base_row = resolve_base(store, base, progress)
     if Path(path).suffix.lower() in {".bin", ".pt", ".pth", ".pkl", ".ckpt"}:
