@@ -128,32 +128,35 @@ def decode_attention_fn(heads: int, kv_heads: int, dim: int, scale: float, dtype
     return attend
 
 
-def lora_add_fn(a: torch.Tensor, b: torch.Tensor, scale: float):
+def lora_add_fn(a: torch.Tensor, b_t: torch.Tensor, scale: float):
     """`(y [M, N], x [M, K]) → y += scale·(x·Aᵀ)·Bᵀ` in place through the C kernel, for LoRA
-    factors A [r, K] and B [N, r]; None where it does not apply (no library, factors not fp32 on
-    the CPU, a rank over MAX_RANK). Whether it applies depends on the factors only, never on the
-    rows: a row takes the same path alone as in a batch."""
-    if a.dtype != torch.float32 or b.dtype != torch.float32 or a.device.type != "cpu" or b.device.type != "cpu" \
-            or a.dim() != 2 or b.dim() != 2 or b.shape[1] != a.shape[0] or not 1 <= a.shape[0] <= MAX_RANK:
+    factors A [r, K] and Bᵀ [r, N] (contiguous where it matters: a copy is made otherwise); None
+    where it does not apply (no library, factors not fp32 on the CPU, a rank over MAX_RANK).
+    Whether it applies depends on the factors only, never on the rows: a row takes the same path
+    alone as in a batch."""
+    if a.dtype != torch.float32 or b_t.dtype != torch.float32 or a.device.type != "cpu" \
+            or b_t.device.type != "cpu" or a.dim() != 2 or b_t.dim() != 2 or b_t.shape[0] != a.shape[0] \
+            or not 1 <= a.shape[0] <= MAX_RANK:
         return None
     lib = library()
     if lib is None:
         return None
     kernel, scale = lib.zenedge_lora_add, float(scale)
-    a, b = a.detach().contiguous(), b.detach().contiguous()
-    rank, inputs, outputs = a.shape[0], a.shape[1], b.shape[0]
-    held = (a, b)                                   # the pointers' tensors live as long as this function
+    a, b_t = a.detach().contiguous(), b_t.detach().contiguous()
+    rank, inputs, outputs = a.shape[0], a.shape[1], b_t.shape[1]
+    factors = (a, b_t, a.data_ptr(), b_t.data_ptr())     # the tensors live as long as this function
+    fp32 = torch.float32
 
     def lora_add(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2 or y.dim() != 2 or x.shape[1] != inputs or y.shape != (x.shape[0], outputs) \
-                or x.dtype != torch.float32 or y.dtype != torch.float32 or x.device.type != "cpu" \
-                or y.device.type != "cpu" or y.stride(1) != 1:
+        rows = x.shape[0]
+        if x.dtype is not fp32 or y.dtype is not fp32 or not (x.is_cpu and y.is_cpu) or y.stride(1) != 1 \
+                or x.shape != (rows, inputs) or y.shape != (rows, outputs):
             raise ValueError(f"lora_add: y {tuple(y.shape)} {y.dtype}, x {tuple(x.shape)} {x.dtype} do not fit "
-                             f"A [{rank}, {inputs}], B [{outputs}, {rank}]")
+                             f"A [{rank}, {inputs}], Bᵀ [{rank}, {outputs}]")
         if x.stride(1) != 1:
             x = x.contiguous()
-        if kernel(x.data_ptr(), held[0].data_ptr(), held[1].data_ptr(), y.data_ptr(), x.shape[0], inputs, outputs,
-                  rank, x.stride(0), y.stride(0), scale):
+        if kernel(x.data_ptr(), factors[2], factors[3], y.data_ptr(), rows, inputs, outputs, rank, x.stride(0),
+                  y.stride(0), scale):
             raise MemoryError("the LoRA kernel could not allocate its scratch")
         return y
     return lora_add
@@ -278,10 +281,10 @@ def _attention_ok(lib) -> bool:
 
 def _lora_ok(lib) -> bool:
     g = torch.Generator().manual_seed(0)
-    x, a, b = torch.randn(3, 40, generator=g), torch.randn(5, 40, generator=g), torch.randn(37, 5, generator=g)
+    x, a, b_t = torch.randn(3, 40, generator=g), torch.randn(5, 40, generator=g), torch.randn(5, 37, generator=g)
     y = torch.randn(3, 37, generator=g)   # 40 inputs, 37 outputs: the masked tails too
-    want = y + 0.5 * (x @ a.t()) @ b.t()
-    if lib.zenedge_lora_add(x.data_ptr(), a.data_ptr(), b.data_ptr(), y.data_ptr(), 3, 40, 37, 5, 40, 37, 0.5):
+    want = y + 0.5 * (x @ a.t()) @ b_t
+    if lib.zenedge_lora_add(x.data_ptr(), a.data_ptr(), b_t.data_ptr(), y.data_ptr(), 3, 40, 37, 5, 40, 37, 0.5):
         return False
     return bool(torch.allclose(y, want, rtol=1e-5, atol=1e-5))
 

@@ -95,7 +95,7 @@ def test_lora_add_matches_torch_and_gives_each_row_its_own_sums(rank, inputs, ou
     torch.manual_seed(0)
     a, b = torch.randn(rank, inputs) * 0.1, torch.randn(outputs, rank) * 0.1
     x, y = torch.randn(6, inputs), torch.randn(6, outputs + 5)[:, 2:2 + outputs]     # y: strided rows, a slice
-    lora_add = native.lora_add_fn(a, b, 1.5)
+    lora_add = native.lora_add_fn(a, b.t(), 1.5)                                     # Bᵀ not contiguous: copied
     want = y + 1.5 * (x @ a.t()) @ b.t()
     got = lora_add(y.clone(), x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -105,10 +105,10 @@ def test_lora_add_matches_torch_and_gives_each_row_its_own_sums(rank, inputs, ou
 
 @needs_native
 def test_lora_add_refuses_what_it_does_not_take():
-    a, b = torch.randn(4, 32), torch.randn(16, 4)
-    assert native.lora_add_fn(a.bfloat16(), b.bfloat16(), 1.0) is None          # fp32 factors only
-    assert native.lora_add_fn(torch.randn(300, 32), torch.randn(16, 300), 1.0) is None   # rank over MAX_RANK
-    lora_add = native.lora_add_fn(a, b, 1.0)
+    a, b_t = torch.randn(4, 32), torch.randn(4, 16)
+    assert native.lora_add_fn(a.bfloat16(), b_t.bfloat16(), 1.0) is None        # fp32 factors only
+    assert native.lora_add_fn(torch.randn(300, 32), torch.randn(300, 16), 1.0) is None   # rank over MAX_RANK
+    lora_add = native.lora_add_fn(a, b_t, 1.0)
     with pytest.raises(ValueError, match="do not fit"):
         lora_add(torch.zeros(2, 16), torch.randn(2, 31))
     with pytest.raises(ValueError, match="do not fit"):

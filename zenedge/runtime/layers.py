@@ -199,7 +199,7 @@ def _lora_kernel(factors: LoraFactors):
     `transposed` views are), or None where it does not apply."""
     cached = factors.__dict__
     if _KERNEL not in cached:
-        cached[_KERNEL] = native.lora_add_fn(factors.A, factors.B, factors.scale)
+        cached[_KERNEL] = native.lora_add_fn(factors.A, factors.B.t(), factors.scale)
     return cached[_KERNEL]
 
 

@@ -41,8 +41,11 @@ class Variant:
 
 def load_lora(key: str, kind: str, weights: Path, config: dict, device: torch.device,
               dtype: torch.dtype) -> Variant:
-    modules: dict[str, LoraFactors | BitDeltaModule] = dict(
-        read_lora_factors(weights, config, device=device, dtype=dtype))
+    # B is kept as the transpose of a contiguous Bᵀ [r, out]: a decode step reads it row by row in
+    # that order (kernels/lora_add.c, and torch's products take either layout), at no extra memory.
+    modules: dict[str, LoraFactors | BitDeltaModule] = {
+        module: LoraFactors(f.A, f.B.t().contiguous().t(), f.scale)
+        for module, f in read_lora_factors(weights, config, device=device, dtype=dtype).items()}
     nbytes = sum(f.A.numel() * f.A.element_size() + f.B.numel() * f.B.element_size() for f in modules.values())
     return Variant(key, kind, modules, nbytes)
 
