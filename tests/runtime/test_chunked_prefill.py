@@ -116,7 +116,7 @@ def test_a_prompt_that_leaves_no_room_is_refused_before_anything_is_allocated(en
     assert context == 128
     with pytest.raises(ContextLengthExceeded) as refused:
         list(generate(resident, [GenerationRequest(ids(5), None), GenerationRequest(ids(context), None)]))
-    assert str(refused.value).startswith(f"the prompt is {context} tokens and tiny's context length is {context} tokens")
+    assert str(refused.value).startswith(f"the prompt is {context} tokens and tiny's context length is {context}")
     assert refused.value.exit_code == 2 and refused.value.http_status == 400
     assert resident.kv_pool.idle_bytes == 0                # no cache was ever checked out
     with pytest.raises(ContextLengthExceeded, match="10,000 tokens"):

@@ -99,8 +99,8 @@ def check_fits(resident: ResidentModel, input_ids: Sequence[int]) -> None:
         raise InvalidInput("empty prompt")
     if prompt >= context:
         raise ContextLengthExceeded(
-            f"the prompt is {prompt:,} tokens and {resident.name}'s context length is {context:,} tokens, "
-            f"with room for at least one more", hint="shorten the prompt or the conversation")
+            f"the prompt is {prompt:,} tokens and {resident.name}'s context length is {context:,} tokens: "
+            f"no room left for an answer", hint="shorten the prompt or the conversation")
 
 
 class _Row:
@@ -226,7 +226,7 @@ class _Rows:
         self.count = 0                                     # requests seen: the next one's index
         self.slots: list[_Row] = [self._row(r) for r in requests]
         self.fresh: list[int] = []                         # slots given a new request since the last resize
-        self.shape = self._variants()
+        self.shape = self._shape(self._variants())         # what the stepper was last told
         self.model: Stepper | None = None
 
     def _row(self, request: GenerationRequest) -> _Row:
@@ -240,6 +240,10 @@ class _Rows:
         running = [row.variant for row in self.slots if not row.done]
         filler = running[0] if running else None
         return [row.variant if not row.done else filler for row in self.slots]
+
+    @staticmethod
+    def _shape(variants: list) -> list:
+        return [None if variant is None else variant.key for variant in variants]
 
     def batch(self) -> RowVariants:
         return RowVariants.build(self._variants(), self.resident.device)
@@ -262,7 +266,7 @@ class _Rows:
         while len(self.slots) > 1 and self.slots[-1].done:    # (a fresh slot's row is running)
             self.slots.pop()
         variants = self._variants()
-        shape = [None if v is None else v.key for v in variants]
+        shape = self._shape(variants)
         if shape != self.shape or self.fresh:
             self.model.set_batch(RowVariants.build(variants, self.resident.device), self.fresh)
             self.shape, self.fresh = shape, []
