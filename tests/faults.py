@@ -78,7 +78,7 @@ class Bench:
 
     def reset(self) -> None:
         """A roomy budget and the daemon's profiles p0..p3 back (writer kills may have evicted them)."""
-        from zenedge import config, policy
+        from zenedge import config, pool
         from zenedge.store import Store
 
         write_config(self.config_path, {**DEFAULT_CONFIG, "registry": {"urls": [self.registry_url]}})
@@ -87,7 +87,7 @@ class Bench:
         for seed, name in enumerate(PROFILES):
             if store.name(name) is None:
                 lora = write_lora_dir(self.root / f"lora-{name}", shapes, seed=seed + 1, scale=0.3)
-                policy.import_lora(store, config.load(self.config_path), lora, name, base="tiny")
+                pool.import_lora(store, config.load(self.config_path), lora, name, base="tiny")
         store.close()
 
 

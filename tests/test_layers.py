@@ -1,5 +1,5 @@
 """Imports point one way (STYLE.md): config/errors → store, formats, math, kernels → registry,
-runtime → policy → server → CLI. Checked on the source, lazy imports inside functions included."""
+runtime → pool → server → CLI. Checked on the source, lazy imports inside functions included."""
 
 import ast
 
@@ -10,12 +10,10 @@ from tests.conftest import REPO
 # Lower number = lower layer. A module may import only from its own layer or below.
 LAYERS = {
     "zenedge.errors": 0, "zenedge.names": 0, "zenedge.sizes": 0, "zenedge.paths": 0, "zenedge.config": 0,
-    "zenedge.phases": 0,
     "zenedge.store": 1, "zenedge.adapters": 1, "zenedge.bitdelta": 1, "zenedge.merge": 1, "zenedge.kernels": 1,
     "zenedge.evaluation": 1, "zenedge.api": 1,
-    "zenedge.bases": 2, "zenedge.runtime": 2, "zenedge.registry": 2, "zenedge.delta_merge": 2,
-    "zenedge.quality": 3, "zenedge.kmerge": 3, "zenedge.policy": 3, "zenedge.maintenance": 3,
-    "zenedge.export": 3, "zenedge.registry.pull": 4,
+    "zenedge.bases": 2, "zenedge.runtime": 2, "zenedge.registry": 2,
+    "zenedge.pool": 3, "zenedge.registry.pull": 4,
     "zenedge.server": 5, "zenedge.bench": 5,
     "zenedge.cli": 6, "zenedge.__main__": 6, "zenedge.bench.__main__": 6,  # entry points
 }

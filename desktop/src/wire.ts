@@ -190,7 +190,7 @@ export interface Health {
   home_id: string;
 }
 
-/** What `zenedge.maintenance.maintain` reported (its fields belong to it). */
+/** What `zenedge.pool.maintain.maintain` reported (its fields belong to it). */
 export interface MaintainResult {
   [key: string]: unknown;
 }

@@ -30,7 +30,7 @@ def test_a_peft_lora_on_the_real_base_equals_peft(real_store, real_cfg, real_bas
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from zenedge import policy
+    from zenedge import pool
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(real_base_dir)
@@ -40,7 +40,7 @@ def test_a_peft_lora_on_the_real_base_equals_peft(real_store, real_cfg, real_bas
             if "lora_B" in name:
                 param.normal_(0, 0.01)
     peft_model.save_pretrained(tmp_path / "lora")
-    policy.import_lora(real_store, real_cfg, tmp_path / "lora", "probe")
+    pool.import_lora(real_store, real_cfg, tmp_path / "lora", "probe")
     engine = Engine(real_store, real_cfg)
     route = engine.router.route("probe")
     resident = engine.resident(route.base)

@@ -260,7 +260,7 @@ def test_interrupted_downloads_are_reported_and_collected(store, server, tmp_pat
 
 
 def test_maintain_collects_interrupted_downloads(store, server, tmp_path, monkeypatch):
-    from zenedge.maintenance import maintain
+    from zenedge.pool.maintain import maintain
 
     cfg = interrupted_pull(store, server, tmp_path, monkeypatch)
     assert list((store.home / "partial").glob("*.part"))

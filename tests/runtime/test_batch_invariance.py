@@ -9,7 +9,7 @@ import torch
 from tests.conftest import REPO
 from tests.integration.conftest import real_store  # noqa: F401 (a fixture)
 from tests.runtime.test_bitdelta_runtime import fine_tune_copy
-from zenedge import config, policy
+from zenedge import config, pool
 from zenedge.bitdelta import compress_model
 from zenedge.kernels import native
 from zenedge.runtime import cpu_weights
@@ -40,13 +40,13 @@ def int4_engine(store, tmp_path, kernels, peft_adapter, tiny_base_dir):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "int4"\n')
     cfg = config.load(path)
-    policy.import_lora(store, cfg, peft_adapter(1), "lora-a", base="tiny")
-    policy.import_lora(store, cfg, peft_adapter(2, targets=("q_proj", "v_proj", "gate_proj", "down_proj"), r=2),
+    pool.import_lora(store, cfg, peft_adapter(1), "lora-a", base="tiny")
+    pool.import_lora(store, cfg, peft_adapter(2, targets=("q_proj", "v_proj", "gate_proj", "down_proj"), r=2),
                        "lora-b", base="tiny")
     delta = tmp_path / "d.bitdelta"
     compress_model(tiny_base_dir, fine_tune_copy(tiny_base_dir, tmp_path / "ft", seed=5), delta,
                    base_sha256=store.base("tiny")["sha256"])
-    policy.import_bitdelta(store, cfg, delta, "delta", base="tiny")
+    pool.import_bitdelta(store, cfg, delta, "delta", base="tiny")
     torch.manual_seed(0)
     engine = Engine(store, cfg)
     assert engine.resident("tiny").weights == "int4"
@@ -148,5 +148,5 @@ def real_int4_engine(real_store, tmp_path):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "int4"\n')
     cfg = config.load(path)
-    policy.import_lora(real_store, cfg, REPO / "profiles" / "writer" / "adapter", "writer", base="smollm2-135m")
+    pool.import_lora(real_store, cfg, REPO / "profiles" / "writer" / "adapter", "writer", base="smollm2-135m")
     return Engine(real_store, cfg)

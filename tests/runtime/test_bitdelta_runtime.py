@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from zenedge import policy
+from zenedge import pool
 from zenedge.bitdelta import compress_model, decompress, load_bitdelta
 from zenedge.errors import InvalidAdapter
 
@@ -48,7 +48,7 @@ def dense_reference(tiny_base_dir, path):
 
 def test_bitdelta_logits_equal_the_dense_reconstruction(engine, store, cfg, delta_file, tiny_base_dir):
     path = delta_file()
-    policy.import_bitdelta(store, cfg, path, "delta", base="tiny")
+    pool.import_bitdelta(store, cfg, path, "delta", base="tiny")
     assert store.resolve("delta")["kind"] == "bitdelta"
     input_ids = torch.randint(3, 99, (2, 11))
     route = engine.router.route("delta")
@@ -61,8 +61,8 @@ def test_bitdelta_logits_equal_the_dense_reconstruction(engine, store, cfg, delt
 
 
 def test_mixed_batch_of_base_lora_and_bitdelta_rows(engine, store, cfg, delta_file, imported):
-    policy.import_bitdelta(store, cfg, delta_file(1), "d1", base="tiny")
-    policy.import_bitdelta(store, cfg, delta_file(2), "d2", base="tiny")
+    pool.import_bitdelta(store, cfg, delta_file(1), "d1", base="tiny")
+    pool.import_bitdelta(store, cfg, delta_file(2), "d2", base="tiny")
     imported("lora", seed=3)
     resident = engine.resident("tiny")
     rows = [engine.variant(engine.router.route(n)) if n else None for n in ("d1", "lora", None, "d2", "d1")]
@@ -78,7 +78,7 @@ def test_mixed_batch_of_base_lora_and_bitdelta_rows(engine, store, cfg, delta_fi
 
 def test_a_delta_that_changes_norms_is_refused(store, cfg, delta_file):
     with pytest.raises(InvalidAdapter, match="non-projection"):
-        policy.import_bitdelta(store, cfg, delta_file(touch_norm=True), "normy", base="tiny")
+        pool.import_bitdelta(store, cfg, delta_file(touch_norm=True), "normy", base="tiny")
     assert store.names() == []
 
 
@@ -87,12 +87,12 @@ def test_a_delta_for_another_base_is_refused(store, cfg, tmp_path, tiny_base_dir
     out = tmp_path / "other.bitdelta"
     compress_model(tiny_base_dir, ft, out, base_sha256="f" * 64)
     with pytest.raises(InvalidAdapter, match="different base"):
-        policy.import_bitdelta(store, cfg, out, "other", base="tiny")
+        pool.import_bitdelta(store, cfg, out, "other", base="tiny")
 
 
 def test_a_file_that_is_not_a_bitdelta_is_refused(store, cfg, lora_factory):
     with pytest.raises(InvalidAdapter):
-        policy.import_bitdelta(store, cfg, lora_factory() / "adapter_model.safetensors", "x", base="tiny")
+        pool.import_bitdelta(store, cfg, lora_factory() / "adapter_model.safetensors", "x", base="tiny")
 
 
 def test_compress_cli_stores_a_servable_variant(store, tmp_path, tiny_base_dir):

@@ -188,7 +188,7 @@ def test_weights_setting_is_checked():
 def test_the_cpu_default_serves_int4_and_its_loops_agree(store, tmp_path, lora_factory):
     """No `runtime.weights` in the config: on CPU the engine serves int4 copies; the static loop
     (lean forward) gives the reference loop's tokens on them, for a mixed LoRA/base batch."""
-    from zenedge import config, policy
+    from zenedge import config, pool
     from zenedge.runtime.engine import Engine
     from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
 
@@ -196,7 +196,7 @@ def test_the_cpu_default_serves_int4_and_its_loops_agree(store, tmp_path, lora_f
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('[runtime]\ndevice = "cpu"\n')
     cfg = config.load(path)
-    policy.import_lora(store, cfg, lora_factory(seed=5), "ada", base="tiny")
+    pool.import_lora(store, cfg, lora_factory(seed=5), "ada", base="tiny")
     engine = Engine(store, cfg)
     route = engine.router.route("ada")
     resident = engine.resident(route.base)

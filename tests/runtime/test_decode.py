@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.runtime.test_bitdelta_runtime import fine_tune_copy
-from zenedge import policy
+from zenedge import pool
 from zenedge.bitdelta import compress_model
 from zenedge.runtime import decode, static_cache
 from zenedge.runtime.engine import Prompt
@@ -25,7 +25,7 @@ def variants(engine, store, cfg, imported, tmp_path, tiny_base_dir):
     ft = fine_tune_copy(tiny_base_dir, tmp_path / "ft", seed=5)
     delta = tmp_path / "d.bitdelta"
     compress_model(tiny_base_dir, ft, delta, base_sha256=store.base("tiny")["sha256"])
-    policy.import_bitdelta(store, cfg, delta, "delta", base="tiny")
+    pool.import_bitdelta(store, cfg, delta, "delta", base="tiny")
     return {name: engine.variant(engine.router.route(name)) for name in ("tiny", "lora-a", "lora-b", "delta")}
 
 

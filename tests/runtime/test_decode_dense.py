@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.runtime.test_bitdelta_runtime import fine_tune_copy
-from zenedge import policy
+from zenedge import pool
 from zenedge.bitdelta import compress_model
 from zenedge.runtime.cache import DeltaCache
 from zenedge.runtime.dense_bitdelta import DenseBitDeltas, dense_nbytes
@@ -20,7 +20,7 @@ def deltas(engine, store, cfg, tmp_path, tiny_base_dir):
             ft = fine_tune_copy(tiny_base_dir, tmp_path / f"ft{i}", seed=10 + i)
             path = tmp_path / f"d{i}.bitdelta"
             compress_model(tiny_base_dir, ft, path, base_sha256=store.base("tiny")["sha256"])
-            policy.import_bitdelta(store, cfg, path, f"d{i}", base="tiny")
+            pool.import_bitdelta(store, cfg, path, f"d{i}", base="tiny")
         adapters = {f"d{i}": engine.router.route(f"d{i}").adapter for i in range(n)}
         return {name: (lambda cache, a=a: cache.get(a["id"], lambda: engine._load_variant(a)))
                 for name, a in adapters.items()}

@@ -47,7 +47,7 @@ def make_home(root: Path, tiny_base_dir: Path, *, profiles=PROFILES, config: dic
     """A home with the tiny base registered as `tiny` (and as `forever`, a copy whose end-of-sequence
     token is out of its vocabulary, so generations run until max_tokens or cancellation), and a
     LoRA profile per name; `config` overrides DEFAULT_CONFIG per section. Returns (home, config path)."""
-    from zenedge import bases, policy
+    from zenedge import bases, pool
     from zenedge import config as config_mod
     from zenedge.store import Store
 
@@ -70,7 +70,7 @@ def make_home(root: Path, tiny_base_dir: Path, *, profiles=PROFILES, config: dic
     shapes = tiny_module_shapes(tiny_base_dir)
     for seed, name in enumerate(profiles):
         lora = write_lora_dir(root / f"lora-{name}", shapes, seed=seed + 1, scale=0.3)
-        policy.import_lora(store, cfg, lora, name, base="tiny")
+        pool.import_lora(store, cfg, lora, name, base="tiny")
     store.close()
     return home, config_path
 

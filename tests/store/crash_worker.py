@@ -33,14 +33,14 @@ ALLOWED_BEFORE_RECONCILE = ("orphan blob", "leftover temporary file")
 
 
 def worker(home: Path, variants: list[str], seed: int, ops: list[str]) -> None:
-    from zenedge import config, policy
+    from zenedge import config, pool
     from zenedge.errors import ZenedgeError
     from zenedge.store import Store
 
     rng = random.Random(seed)
     store = Store(home)
     if set(ops) & set(HEAVY_OPS):
-        from zenedge import kmerge, maintenance  # noqa: F401  (torch and the gate loaded before "ready")
+        from zenedge.pool import maintain, merger  # noqa: F401  (torch and the gate loaded before "ready")
         from zenedge.registry import pull  # noqa: F401
     print("ready", flush=True)
     weights = [WEIGHTS[op] for op in ops]
@@ -50,11 +50,11 @@ def worker(home: Path, variants: list[str], seed: int, ops: list[str]) -> None:
         print(f"op {op}", flush=True)
         try:
             if op == "import":
-                policy.import_lora(store, cfg, Path(rng.choice(variants)), rng.choice(NAMES), base="tiny")
+                pool.import_lora(store, cfg, Path(rng.choice(variants)), rng.choice(NAMES), base="tiny")
             elif op == "rm":
                 store.remove_name(rng.choice(NAMES + ["writer", "coder"]))
             elif op == "budget":
-                policy.set_budget(store, cfg, f"{int(math.exp(rng.uniform(math.log(20_000), math.log(400_000))))}B")
+                pool.set_budget(store, cfg, f"{int(math.exp(rng.uniform(math.log(20_000), math.log(400_000))))}B")
             elif op == "gc":
                 store.reconcile()
             elif op == "pull":
@@ -62,11 +62,11 @@ def worker(home: Path, variants: list[str], seed: int, ops: list[str]) -> None:
 
                 pull(store, cfg, rng.choice(["writer", "coder", "writer-copy"]))
             elif op == "maintain":
-                from zenedge.maintenance import maintain
+                from zenedge.pool.maintain import maintain
 
                 maintain(store, cfg, verify=rng.random() < 0.5)
             elif op == "merge":
-                from zenedge.kmerge import manual_merge
+                from zenedge.pool import manual_merge
 
                 present = [n["name"] for n in store.names()]
                 if len(present) >= 2:

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tests.conftest import tiny_module_shapes, write_lora_dir
-from zenedge import bases, config, policy
-from zenedge.errors import AdapterNotFound, BudgetExceeded
+from zenedge import bases, config, pool
+from zenedge.errors import AdapterNotFound, BudgetExceeded, InvalidInput
 from zenedge.store import Store
 
 NAMES = ["writer", "coder", "arith", "units", "jsonx"]
@@ -40,7 +40,7 @@ def make_machine(tiny_base_dir: Path):
         @rule(name=st.sampled_from(NAMES), variant=st.integers(0, len(variants) - 1))
         def import_adapter(self, name, variant):
             try:
-                policy.import_lora(self.store, self.cfg, variants[variant], name, base="tiny")
+                pool.import_lora(self.store, self.cfg, variants[variant], name, base="tiny")
             except BudgetExceeded:
                 pass
 
@@ -61,8 +61,8 @@ def make_machine(tiny_base_dir: Path):
         @rule(budget=st.integers(0, 120_000))
         def set_budget(self, budget):
             try:
-                policy.set_budget(self.store, self.cfg, f"{budget}B")
-            except BudgetExceeded:
+                pool.set_budget(self.store, self.cfg, f"{budget}B")
+            except (BudgetExceeded, InvalidInput):  # 0 B is refused before anything changes
                 pass
 
         @invariant()

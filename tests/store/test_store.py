@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from zenedge import config, policy
+from zenedge import config, pool
 from zenedge.errors import AdapterNotFound, BudgetExceeded, InvalidName
 from zenedge.store import Store
 
@@ -16,7 +16,7 @@ def cfg_with(tmp_path, text=""):
 
 def test_import_then_list_resolve_and_remove(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path)
-    result = policy.import_lora(store, cfg, lora_factory(seed=1), "writer", base="tiny")
+    result = pool.import_lora(store, cfg, lora_factory(seed=1), "writer", base="tiny")
     assert result["kind"] == "lora" and result["bytes"] > 0
     [entry] = store.names()
     assert entry["name"] == "writer" and entry["adapter_id"] == result["adapter_id"]
@@ -33,8 +33,8 @@ def test_import_then_list_resolve_and_remove(store, lora_factory, tmp_path):
 def test_same_content_is_stored_once_and_shared(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path)
     path = lora_factory(seed=7)
-    a = policy.import_lora(store, cfg, path, "one", base="tiny")
-    b = policy.import_lora(store, cfg, path, "two", base="tiny")
+    a = pool.import_lora(store, cfg, path, "one", base="tiny")
+    b = pool.import_lora(store, cfg, path, "two", base="tiny")
     assert a["adapter_id"] == b["adapter_id"]
     assert store.used_bytes() == a["bytes"]
     store.remove_name("one")
@@ -44,18 +44,18 @@ def test_same_content_is_stored_once_and_shared(store, lora_factory, tmp_path):
 
 def test_reimport_under_same_name_replaces(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path)
-    first = policy.import_lora(store, cfg, lora_factory(seed=1), "writer", base="tiny")
-    second = policy.import_lora(store, cfg, lora_factory(seed=2), "writer", base="tiny")
+    first = pool.import_lora(store, cfg, lora_factory(seed=1), "writer", base="tiny")
+    second = pool.import_lora(store, cfg, lora_factory(seed=2), "writer", base="tiny")
     assert first["adapter_id"] != second["adapter_id"]
     assert [a["id"] for a in store.adapters()] == [second["adapter_id"]]
     assert store.check() == []
 
 
 def test_import_over_budget_is_refused_and_changes_nothing(store, lora_factory, tmp_path):
-    one = policy.import_lora(store, cfg_with(tmp_path), lora_factory(seed=1), "a", base="tiny")
+    one = pool.import_lora(store, cfg_with(tmp_path), lora_factory(seed=1), "a", base="tiny")
     cfg = cfg_with(tmp_path, f'[pool]\nbudget = "{one["bytes"] + 100}B"\non_no_merge = "refuse"\n')
     with pytest.raises(BudgetExceeded) as info:
-        policy.import_lora(store, cfg, lora_factory(seed=2), "b", base="tiny")
+        pool.import_lora(store, cfg, lora_factory(seed=2), "b", base="tiny")
     assert "over" in str(info.value) and "zenedge rm" in str(info.value)
     assert [n["name"] for n in store.names()] == ["a"]
     assert len(list(store.blobs.digests())) == 1
@@ -65,9 +65,9 @@ def test_import_over_budget_is_refused_and_changes_nothing(store, lora_factory, 
 def test_slot_limit_is_enforced(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path, '[pool]\nmax_adapters = 2\non_no_merge = "refuse"\n')
     for i in range(2):
-        policy.import_lora(store, cfg, lora_factory(seed=i), f"p{i}", base="tiny")
+        pool.import_lora(store, cfg, lora_factory(seed=i), f"p{i}", base="tiny")
     with pytest.raises(BudgetExceeded, match="max_adapters"):
-        policy.import_lora(store, cfg, lora_factory(seed=9), "p9", base="tiny")
+        pool.import_lora(store, cfg, lora_factory(seed=9), "p9", base="tiny")
     assert store.usage().adapters == 2
 
 
@@ -79,7 +79,7 @@ def test_unknown_name_says_how_to_pull(store):
 @pytest.mark.parametrize("name", ["../x", "a/b", "a\\b", "", "A", "x\n", "-x", "a" * 65, ".hidden", "a..b"])
 def test_names_that_could_become_paths_are_refused(store, lora_factory, tmp_path, name):
     with pytest.raises(InvalidName):
-        policy.import_lora(store, cfg_with(tmp_path), lora_factory(), name, base="tiny")
+        pool.import_lora(store, cfg_with(tmp_path), lora_factory(), name, base="tiny")
     assert store.names() == []
 
 
@@ -87,16 +87,16 @@ def test_budget_lowering_evicts_least_requested_unpinned_first(store, lora_facto
     cfg = cfg_with(tmp_path)
     ids = {}
     for i, name in enumerate(["cold", "warm", "hot", "pinned"]):
-        ids[name] = policy.import_lora(store, cfg, lora_factory(seed=i), name, base="tiny")
+        ids[name] = pool.import_lora(store, cfg, lora_factory(seed=i), name, base="tiny")
     store.record_requests(ids["warm"]["adapter_id"], 3)
     store.record_requests(ids["hot"]["adapter_id"], 10)
     store.record_requests(ids["pinned"]["adapter_id"], 0)
     store.set_pinned("pinned", True)
     size = ids["cold"]["bytes"]
-    plan = policy.set_budget(store, cfg, f"{2 * size}B", dry_run=True)
+    plan = pool.set_budget(store, cfg, f"{2 * size}B", dry_run=True)
     assert plan.names == ["cold", "warm"]
     assert len(store.names()) == 4  # dry run changed nothing
-    plan = policy.set_budget(store, cfg, f"{2 * size}B")
+    plan = pool.set_budget(store, cfg, f"{2 * size}B")
     assert sorted(n["name"] for n in store.names()) == ["hot", "pinned"]
     assert config.load(cfg.path).budget == 2 * size
     assert store.check(budget=2 * size) == []
@@ -104,26 +104,26 @@ def test_budget_lowering_evicts_least_requested_unpinned_first(store, lora_facto
 
 def test_budget_below_pinned_is_refused(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path)
-    a = policy.import_lora(store, cfg, lora_factory(seed=1), "a", base="tiny")
+    a = pool.import_lora(store, cfg, lora_factory(seed=1), "a", base="tiny")
     store.set_pinned("a", True)
     with pytest.raises(BudgetExceeded, match="pinned"):
-        policy.set_budget(store, cfg, f"{a['bytes'] - 1}B")
+        pool.set_budget(store, cfg, f"{a['bytes'] - 1}B")
     assert config.load(cfg.path).budget == 4 * 2**30
     assert len(store.names()) == 1
 
 
 def test_config_pinned_names_are_never_evicted(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path, '[runtime]\npinned = ["keep"]\n')
-    keep = policy.import_lora(store, cfg, lora_factory(seed=1), "keep", base="tiny")
-    policy.import_lora(store, cfg, lora_factory(seed=2), "other", base="tiny")
-    policy.set_budget(store, cfg, f"{keep['bytes']}B")
+    keep = pool.import_lora(store, cfg, lora_factory(seed=1), "keep", base="tiny")
+    pool.import_lora(store, cfg, lora_factory(seed=2), "other", base="tiny")
+    pool.set_budget(store, cfg, f"{keep['bytes']}B")
     assert [n["name"] for n in store.names()] == ["keep"]
 
 
 def test_decayed_rate_orders_by_recency_of_requests(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path)
-    old = policy.import_lora(store, cfg, lora_factory(seed=1), "old", base="tiny")["adapter_id"]
-    new = policy.import_lora(store, cfg, lora_factory(seed=2), "new", base="tiny")["adapter_id"]
+    old = pool.import_lora(store, cfg, lora_factory(seed=1), "old", base="tiny")["adapter_id"]
+    new = pool.import_lora(store, cfg, lora_factory(seed=2), "new", base="tiny")["adapter_id"]
     now = 1_000_000_000.0
     store.record_requests(old, 8, now=now - 7 * 24 * 3600)   # many requests a week ago
     store.record_requests(new, 2, now=now)                    # few requests now
@@ -131,14 +131,14 @@ def test_decayed_rate_orders_by_recency_of_requests(store, lora_factory, tmp_pat
 
 
 def test_events_record_what_happened(store, lora_factory, tmp_path):
-    policy.import_lora(store, cfg_with(tmp_path), lora_factory(), "writer", base="tiny")
+    pool.import_lora(store, cfg_with(tmp_path), lora_factory(), "writer", base="tiny")
     store.remove_name("writer")
     kinds = [e["kind"] for e in store.events()]
     assert kinds[:2] == ["rm", "import"]
 
 
 def test_reconcile_removes_crash_leftovers(store, lora_factory, tmp_path):
-    policy.import_lora(store, cfg_with(tmp_path), lora_factory(), "writer", base="tiny")
+    pool.import_lora(store, cfg_with(tmp_path), lora_factory(), "writer", base="tiny")
     dead = store.blobs.tmp_root / "999999-dead"  # a staging dir whose process is gone: nobody holds it
     dead.mkdir()
     (dead / "blob-partial").write_bytes(b"half")
@@ -158,7 +158,7 @@ def test_reconcile_removes_crash_leftovers(store, lora_factory, tmp_path):
 
 
 def test_check_detects_a_missing_or_corrupt_blob(store, lora_factory, tmp_path):
-    result = policy.import_lora(store, cfg_with(tmp_path), lora_factory(), "writer", base="tiny")
+    result = pool.import_lora(store, cfg_with(tmp_path), lora_factory(), "writer", base="tiny")
     path = store.blob_path(result["adapter_id"])
     data = path.read_bytes()
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))

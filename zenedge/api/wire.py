@@ -424,7 +424,7 @@ class PoolStatus(BaseModel):
 
 
 class MaintainResult(BaseModel):
-    """What `zenedge.maintenance.maintain` reported (its fields belong to it)."""
+    """What `zenedge.pool.maintain.maintain` reported (its fields belong to it)."""
 
     model_config = ConfigDict(extra="allow")
 

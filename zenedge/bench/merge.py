@@ -5,7 +5,7 @@ For 3 arrival orders and K ∈ {2, 3, 4, 5} slots, every LoRA profile of the reg
 turn; after the last arrival each profile is scored on its own eval set with whatever serves it:
 
   zenedge@T       the product itself: a fresh pool with pool.max_adapters = K and
-                  pool.quality_threshold = T, profiles imported through the real policy
+                  pool.quality_threshold = T, profiles imported through the real pool
                   (similarity → low-rank OPCM → quality gate → merge, else evict). An evicted
                   profile is served by the base. The gate sees its own slice of each eval set
                   (the examples after the scored ones), never the examples that are scored.
@@ -116,7 +116,7 @@ class Scorer:
 
 
 def normalised(profile: Profile, served: dict) -> float:
-    from zenedge.quality import retention
+    from zenedge.pool.gate import retention
 
     if profile.metric == "exact_match" and profile.own.get("accuracy", 0) > 0:
         return served["accuracy"] / profile.own["accuracy"]
@@ -200,8 +200,9 @@ def write_gate_slices(profiles: list[Profile], scored: int, gate_examples: int, 
 
 
 def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: float) -> tuple[dict, list[float], list]:
-    """The real product: a fresh pool, the real policy, the real gate."""
-    from zenedge import bases, config, policy
+    """The real product: a fresh pool, the real admission, the real gate."""
+    from zenedge import bases, config
+    from zenedge.pool import import_lora
     from zenedge.runtime.engine import Engine
     from zenedge.store import Store
 
@@ -218,8 +219,8 @@ def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: flo
         times, actions = [], []
         for profile in order:
             start = time.perf_counter()
-            result = policy.import_lora(store, cfg, profile.adapter_dir, profile.name,
-                                        eval_path=profile.gate_eval_path or profile.eval_path, engine=engine)
+            result = import_lora(store, cfg, profile.adapter_dir, profile.name,
+                                 eval_path=profile.gate_eval_path or profile.eval_path, engine=engine)
             times.append(time.perf_counter() - start)
             actions.append({"name": profile.name, "action": result.get("action"),
                             "merged_with": result.get("merged_with"), "evicted": result.get("evicted")})

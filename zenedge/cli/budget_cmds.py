@@ -49,13 +49,13 @@ def show(json_out: bool) -> None:
 @json_option
 def set_(size: str, dry_run: bool, json_out: bool) -> None:
     """Set B (e.g. 16GB, 16GiB, 500MB); below current use, evict unpinned adapters, least requested first."""
-    from zenedge import policy
+    from zenedge.pool import set_budget
     from zenedge.cli.daemon import DaemonBudgetPlan, find_daemon
 
     cfg = load_config()
     daemon = find_daemon(cfg)  # through the daemon, the new budget is in force there at once
     plan = (DaemonBudgetPlan.set_budget(daemon, size, dry_run) if daemon
-            else policy.set_budget(open_store(), cfg, size, dry_run=dry_run))
+            else set_budget(open_store(), cfg, size, dry_run=dry_run))
     if json_out:
         return print_json({"budget_bytes": plan.budget, "used_before": plan.used_before,
                            "used_after": plan.used_after, "evict": plan.names, "dry_run": dry_run})

@@ -73,7 +73,7 @@ def run_through_daemon(client: DaemonClient, name: str, prompt: str, *, raw: boo
 
 
 class DaemonBudgetPlan:
-    """The daemon's answer to `budget set`, shaped like policy.EvictionPlan for the CLI's printing."""
+    """The daemon's answer to `budget set`, shaped like pool.budget.EvictionPlan for the CLI's printing."""
 
     def __init__(self, answer: dict):
         self.budget, self.used_before, self.used_after = (answer["budget_bytes"], answer["used_before"],

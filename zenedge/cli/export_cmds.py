@@ -22,7 +22,7 @@ from zenedge.cli.output import json_option, print_json, print_table
 @json_option
 def export(dest: Path, names: tuple[str, ...], fmt: str, bitdelta_as: str, rank: int, json_out: bool) -> None:
     """Export profiles (all by default) with a manifest saying how to serve them."""
-    from zenedge.export import MANIFEST, export as run
+    from zenedge.pool.export import MANIFEST, export as run
 
     load_config()
     manifest = run(open_store(), dest, list(names) or None, format=fmt, bitdelta_as=bitdelta_as, rank=rank)

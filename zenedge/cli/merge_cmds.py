@@ -20,7 +20,7 @@ METHODS = ["opcm", "opcm-dense", "kmerge-linear", "ties", "dare", "dare-ties", "
 @json_option
 def merge(names: tuple[str, ...], method: str, force: bool, json_out: bool) -> None:
     """Merge the adapters serving NAMES into one that serves them all."""
-    from zenedge.kmerge import manual_merge
+    from zenedge.pool import manual_merge
 
     if json_out:
         return print_json(manual_merge(open_store(), load_config(), list(names), method, force=force))

@@ -59,10 +59,10 @@ def list_cmd(json_out: bool) -> None:
 @json_option
 def import_cmd(path: Path, name: str, base: str | None, eval_set: Path | None, json_out: bool) -> None:
     """Import a PEFT LoRA directory, or a .bitdelta file made by `zenedge compress`."""
-    from zenedge import policy
+    from zenedge.pool import import_bitdelta, import_lora
 
     cfg = load_config()
-    importer = policy.import_lora if path.is_dir() or not path.exists() else policy.import_bitdelta
+    importer = import_lora if path.is_dir() or not path.exists() else import_bitdelta
     if json_out:
         return print_json(importer(open_store(), cfg, path, name, base=base, eval_path=eval_set))
     with PoolProgress() as display:
@@ -167,7 +167,7 @@ def check_cmd(deep: bool, json_out: bool) -> None:
 @json_option
 def maintain_cmd(json_out: bool) -> None:
     """Reconcile, verify blobs, and bring the pool under the configured budget (merging first)."""
-    from zenedge.maintenance import maintain
+    from zenedge.pool.maintain import maintain
 
     report = maintain(open_store(), load_config())
     if json_out:

@@ -1,6 +1,6 @@
 """`zenedge pull NAME[:VERSION]`: resolve through the configured registries in order, check the
 base, the disk and the budget before downloading, fetch and verify every file (resuming partial
-downloads), then commit through the pool policy in one transaction."""
+downloads), then admit it into the pool (zenedge.pool.admission) in one transaction."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from zenedge import bases, policy
+from zenedge import bases
 from zenedge.config import Config
 from zenedge.errors import BudgetExceeded, ProfileNotFound, RegistryError
 from zenedge.names import split_reference
+from zenedge.pool import admission
 from zenedge.registry.manifest import IndexEntry, Manifest, version_key
 from zenedge.registry.sources import open_source
 from zenedge.sizes import format_size
@@ -102,7 +103,7 @@ def _check_space(store: Store, cfg: Config, manifest: Manifest) -> None:
     if manifest.size + DISK_MARGIN > free_disk:
         raise BudgetExceeded(f"{manifest.name!r} needs {format_size(manifest.size)} but the disk has "
                              f"{format_size(free_disk)} free", hint="free some disk space")
-    policy.check_admission(store, cfg, manifest.name, manifest.size, manifest.kind)
+    admission.check_admission(store, cfg, manifest.name, manifest.size, manifest.kind)
 
 
 def pull(store: Store, cfg: Config, reference: str, *, progress: Progress | None = None,
@@ -163,12 +164,12 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
             lora_dir.mkdir()
             (staging / weights.path).replace(lora_dir / "adapter_model.safetensors")
             (staging / manifest.file("config").path).replace(lora_dir / "adapter_config.json")
-            result = policy.import_lora(
+            result = admission.import_lora(
                 store, cfg, lora_dir, manifest.name, base=base["name"], eval_path=eval_path,
                 version=manifest.version, description=manifest.description, origin=origin, engine=engine,
                 progress=progress)
         else:
-            result = policy.import_bitdelta(
+            result = admission.import_bitdelta(
                 store, cfg, staging / weights.path, manifest.name, base=base["name"], eval_path=eval_path,
                 version=manifest.version, description=manifest.description, origin=origin, engine=engine,
                 progress=progress)

@@ -8,7 +8,7 @@ from zenedge import __version__
 from zenedge.api import wire
 from zenedge.runtime.embed import Embedder
 from zenedge.server import errors, native_routes, ollama_routes, openai_routes
-from zenedge.server.maintenance import Maintenance
+from zenedge.server.background import Background
 from zenedge.server.security import BodyLimit, LocalOnly, TokenAuth
 from zenedge.server.state import DaemonState
 
@@ -18,14 +18,14 @@ ERROR_RESPONSES = {status: {"model": wire.ErrorBody, "description": what} for st
     503: "queue full (see Retry-After) or shutting down"}.items()}
 
 
-def create_app(state: DaemonState, maintenance: Maintenance) -> FastAPI:
+def create_app(state: DaemonState, background: Background) -> FastAPI:
     settings = state.settings
     app = FastAPI(title="zenedge", version=__version__, docs_url=None, redoc_url=None,
                   responses=ERROR_RESPONSES,
                   description="Local daemon for families of fine-tuned LLM variants: OpenAI-compatible /v1, "
                               "native /api and Ollama-compatible /api endpoints. See desktop/README.md.")
     embedder = Embedder(state.engine)  # one per daemon: its embedding batches run one at a time
-    app.include_router(native_routes.router(state, maintenance))
+    app.include_router(native_routes.router(state, background))
     app.include_router(openai_routes.router(state, embedder))
     app.include_router(ollama_routes.router(state, embedder))
     errors.install(app)

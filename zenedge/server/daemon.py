@@ -26,7 +26,7 @@ from zenedge.config import Config
 from zenedge.runtime.engine import Engine
 from zenedge.server import instance, listeners
 from zenedge.server.app import create_app
-from zenedge.server.maintenance import Maintenance
+from zenedge.server.background import Background
 from zenedge.server.scheduler import Scheduler
 from zenedge.server.settings import Settings
 from zenedge.server.state import DaemonState
@@ -101,8 +101,8 @@ class Daemon:
         engine = Engine(store, self.cfg, progress=lambda message: log.info("base: %s", message))
         scheduler = Scheduler(engine, max_queue=self.cfg.get("server", "max_queue"), max_batch=settings.max_batch)
         self.state = state = DaemonState(settings, self.cfg, store, engine, scheduler)
-        maintenance = Maintenance(state)
-        app = create_app(state, maintenance)
+        background = Background(state)
+        app = create_app(state, background)
         unix = listeners.bind_unix(settings.socket, private_dir=settings.socket_is_default)
         sockets = [unix.sock]
         try:
@@ -121,14 +121,14 @@ class Daemon:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._begin_exit)
-            self._loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(maintenance.reload()))
+            self._loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(background.reload()))
         scheduler.start()
-        background = asyncio.create_task(maintenance.run())
+        upkeep = asyncio.create_task(background.run())
         watcher = asyncio.create_task(self._announce_when_started(server, unix.path))
         try:
             await server.serve(sockets=sockets)
         finally:
-            background.cancel()
+            upkeep.cancel()
             watcher.cancel()
             await asyncio.to_thread(scheduler.stop, settings.grace_seconds)
             unix.remove()

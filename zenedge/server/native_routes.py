@@ -1,6 +1,6 @@
 """Native endpoints: /health and /api/{pull,list,ps,rm,budget,pool}.
 
-Pool changes go through the same functions the CLI uses (Store, policy, registry.pull, maintain),
+Pool changes go through the same functions the CLI uses (Store, zenedge.pool, registry.pull),
 in a thread, and are followed by `sync_cache` so a removed or merged-away variant leaves memory too.
 
 /api/pull and /api/ps are also Ollama's paths, and serve both shapes in one body: every pull
@@ -18,18 +18,18 @@ import psutil
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from zenedge import policy
 from zenedge.api import wire
 from zenedge.errors import ZenedgeError
 from zenedge.server import errors, ollama_models, ollama_routes, streaming
-from zenedge.server.maintenance import Maintenance, optional
+from zenedge.pool.budget import set_budget as set_pool_budget
+from zenedge.server.background import Background, optional
 from zenedge.server.state import DaemonState
 
 NDJSON_DOC = {200: {"description": "with `stream: true` (the default), NDJSON lines of PullProgress",
                     "content": {"application/x-ndjson": {"schema": {"$ref": "#/components/schemas/PullProgress"}}}}}
 
 
-def router(state: DaemonState, maintenance: Maintenance) -> APIRouter:
+def router(state: DaemonState, background: Background) -> APIRouter:
     api = APIRouter(tags=["native"])
 
     @api.get("/health", response_model=wire.Health)
@@ -61,9 +61,9 @@ def router(state: DaemonState, maintenance: Maintenance) -> APIRouter:
 
     @api.put("/api/budget", response_model=wire.BudgetPlan)
     async def set_budget(body: wire.BudgetRequest) -> dict:
-        plan = await run_in_threadpool(policy.set_budget, state.store, state.cfg, body.size, dry_run=body.dry_run)
+        plan = await run_in_threadpool(set_pool_budget, state.store, state.cfg, body.size, dry_run=body.dry_run)
         if not body.dry_run:
-            await maintenance.reload()  # the new budget is in the file now: put it in force here too
+            await background.reload()  # the new budget is in the file now: put it in force here too
             await run_in_threadpool(state.sync_cache)
         return {"budget_bytes": plan.budget, "used_before": plan.used_before, "used_after": plan.used_after,
                 "evict": plan.names, "dry_run": body.dry_run,
@@ -72,11 +72,11 @@ def router(state: DaemonState, maintenance: Maintenance) -> APIRouter:
     @api.get("/api/pool", response_model=wire.PoolStatus)
     async def pool() -> dict:
         status = await run_in_threadpool(_pool_status, state)
-        return {**status, "maintenance": maintenance.info()}
+        return {**status, "maintenance": background.info()}
 
     @api.post("/api/pool", response_model=wire.MaintainResult)
     async def maintain() -> dict:
-        return await maintenance.maintain()
+        return await background.maintain()
 
     @api.post("/api/pull", response_model=wire.PullResult, responses=NDJSON_DOC)
     async def pull(body: wire.PullRequest):

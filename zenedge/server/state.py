@@ -10,10 +10,11 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from zenedge import __version__, policy
+from zenedge import __version__
 from zenedge.api import discovery
 from zenedge.config import Config
 from zenedge.errors import AdapterNotFound, BudgetExceeded, InvalidName
+from zenedge.pool.budget import enforce_budget
 from zenedge.runtime.engine import Engine
 from zenedge.runtime.router import Route
 from zenedge.server.scheduler import Scheduler
@@ -65,7 +66,7 @@ class DaemonState:
         self.scheduler.max_queue = cfg.get("server", "max_queue")
         if {"pool.budget", "runtime.pinned"} & set(changed):
             try:
-                plan = policy.enforce_budget(self.store, cfg)
+                plan = enforce_budget(self.store, cfg)
                 if plan.evict:
                     log.info("budget now %d bytes: evicted %s", cfg.budget, ", ".join(plan.names))
             except BudgetExceeded as exc:

@@ -204,6 +204,17 @@ class Store:
     def blob_path(self, digest: str) -> Path:
         return self.blobs.path(digest)
 
+    def freed_by_evicting(self, adapter_id: str) -> int:
+        """Bytes evicting this adapter gives back: its blob, and the eval sets of its names that no
+        other name references (a shared eval set stays, so it is not counted)."""
+        freed = self.adapter(adapter_id)["bytes"]
+        for (eval_blob,) in self.conn.execute(
+                "SELECT eval_blob FROM names WHERE adapter_id = ? AND eval_blob IS NOT NULL", [adapter_id]).fetchall():
+            shared = self.conn.execute("SELECT COUNT(*) FROM names WHERE eval_blob = ?", [eval_blob]).fetchone()[0]
+            if shared == 1:
+                freed += self.conn.execute("SELECT bytes FROM blobs WHERE digest = ?", [eval_blob]).fetchone()[0]
+        return freed
+
     # -- writes ------------------------------------------------------------------------------
     def add_base(self, name: str, source_dir: Path, *, sha256: str, modules: dict[str, list[int]],
                  aliases: list[str] = (), source: str = "", weights_sha256: str | None = None) -> dict[str, Any]:
@@ -345,6 +356,11 @@ class Store:
                 self.conn.execute("UPDATE adapters SET pinned = ? WHERE id = ?", [int(pinned), adapter["id"]])
                 self._event("pin" if pinned else "unpin", name, adapter["id"], {})
             return self.adapter(adapter["id"])
+
+    def record_budget(self, budget: int, *, evicted: list[str]) -> None:
+        """Log a budget change (and what it evicted) in the pool's event history."""
+        with self.writing(), self.db.atomic():
+            self._event("budget", None, None, {"budget": budget, "evicted": evicted})
 
     def record_requests(self, adapter_id: str, count: int = 1, now: float | None = None) -> None:
         """Bump the request counters the eviction order uses (no writer lock: stats only)."""

@@ -263,7 +263,7 @@ class Health(_HealthRequired, total=False):
 
 
 class _MaintainResultRequired(TypedDict):
-    """What `zenedge.maintenance.maintain` reported (its fields belong to it)."""
+    """What `zenedge.pool.maintain.maintain` reported (its fields belong to it)."""
 
 
 class MaintainResult(_MaintainResultRequired, total=False):

@@ -1,10 +1,10 @@
-"""The gate's sequential test (zenedge.quality.verdict): pure arithmetic, checked as properties."""
+"""The gate's sequential test (zenedge.pool.gate.verdict): pure arithmetic, checked as properties."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zenedge.quality import GAIN_EPS, MIN_EXAMPLES, retention, verdict
+from zenedge.pool.gate import GAIN_EPS, MIN_EXAMPLES, retention, verdict
 
 
 def sets(min_size=1, max_size=64):
@@ -80,3 +80,11 @@ def test_a_merge_on_the_threshold_is_decided_once_retention_is_known_closely():
     merged = [23.0 + (0.1 if i % 2 else -0.1) for i in range(n)]   # retention 0.70 ± 0.01: on the line
     result = verdict(base, own, merged, tokens, 0.7, population=64)
     assert result.decided and result.retention == pytest.approx(0.7)
+
+
+def test_retention_formula():
+    assert retention(3.0, 2.0, 2.0) == 1.0
+    assert retention(3.0, 2.0, 2.5) == 0.5
+    assert retention(3.0, 2.0, 3.5) == -0.5
+    assert retention(3.0, 3.0, 3.0) == 1.0      # no gain to keep: fine if not worse
+    assert retention(3.0, 3.0, 3.6) == 0.0

@@ -1,6 +1,11 @@
-"""K-Merge in the pool: when a new LoRA does not fit, merge it into the most similar stored
-adapter with low-rank OPCM (continuing that adapter's stored OPCM state), keep the merge only if
-every member keeps at least `pool.quality_threshold` of its gain, else try the next candidate.
+"""Merging in the pool: K-Merge's candidates, the fold, the quality gate, the commit, and THE
+loop that tries them (`PoolMerger.merge_first_kept`), used by admission under pressure and by
+maintenance; a manual merge (manual.py) goes through the same gate and the same commit.
+
+A LoRA newcomer is merged into the most similar stored adapter with low-rank OPCM (continuing
+that adapter's stored OPCM state); a 1-bit delta into the most similar stored delta with dense
+OPCM, re-binarised (bitdelta/merge.py). The merge is kept only if every member keeps at least
+`pool.quality_threshold` of its gain (gate.py), else the next candidate is tried.
 
 Similarity is K-Merge's (mean cosine of B·A over shared modules, in low rank). Pinned adapters
 are never merged (the user asked for them exactly as they are).
@@ -18,15 +23,15 @@ import torch
 
 from zenedge.adapters.lora_tensors import read_lora_factors, round_to, stored_dtype, write_peft_adapter
 from zenedge.config import Config
+from zenedge.errors import BudgetExceeded
 from zenedge.merge import LowRankOPCMState, LoraFactors, lowrank_opcm_init, lowrank_opcm_step, rank_by_similarity
-from zenedge.phases import Phases
-from zenedge.quality import GateResult, Measurement, Member, QualityGate
+from zenedge.pool.gate import GateResult, Measurement, Member, QualityGate
+from zenedge.pool.phases import Phases
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant, lora_variant
 from zenedge.store import NewAdapter, NewName, Store
 
 MERGEABLE = ("lora", "merged")
-EDITS_ONE = {"monosoup"}  # manual methods that rewrite a single adapter; every other needs two or more
 OPCM_ALPHA = 0.5
 
 
@@ -85,6 +90,16 @@ class PoolMerger:
         self.gate = QualityGate(resident)
         self.phases = phases or Phases()
 
+    @classmethod
+    def for_base(cls, store: Store, cfg: Config, base: str, engine=None, phases: Phases | None = None) -> PoolMerger:
+        """A merger on `base`'s resident model: the running engine's (the daemon's) when there is
+        one, so a merge does not load the base a second time; else a fresh engine's."""
+        if engine is None:
+            from zenedge.runtime.engine import Engine
+
+            engine = Engine(store, cfg)
+        return cls(store, cfg, engine.resident(base), phases)
+
     def factors(self, adapter: dict[str, Any]) -> dict[str, LoraFactors]:
         return read_lora_factors(self.store.blob_path(adapter["sha256"]), adapter["config"], dtype=torch.float32)
 
@@ -127,7 +142,7 @@ class PoolMerger:
 
     def delta_candidates(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
         from zenedge.bitdelta.fileformat import load_bitdelta
-        from zenedge.delta_merge import delta_cosine
+        from zenedge.bitdelta.merge import delta_cosine
 
         rows = [a for a in self.store.adapters() if a["kind"] == "bitdelta" and a["base"] == base and not a["pinned"]
                 and not set(self.store.names_of(a["id"])) & set(self.cfg.get("runtime", "pinned"))]
@@ -141,7 +156,7 @@ class PoolMerger:
     def attempt_delta(self, candidate: dict[str, Any], similarity: float, incoming: Incoming,
                       workdir: Path) -> Attempt:
         """Dense OPCM of two 1-bit deltas, streamed and re-binarised into `workdir`, then gated."""
-        from zenedge.delta_merge import merge_bitdelta_files
+        from zenedge.bitdelta.merge import merge_bitdelta_files
         from zenedge.runtime.variants import load_bitdelta as load_variant
 
         out = workdir / "merged.bitdelta"
@@ -155,6 +170,40 @@ class PoolMerger:
         return self._gate(attempt, candidate, load_variant(candidate["id"], stored, device),
                           load_variant("candidate-merge", out, device), incoming,
                           load_variant("incoming", incoming.delta_path, device))
+
+    def ranked(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
+        """Stored adapters `incoming` could merge into, most similar first (deltas with deltas)."""
+        if incoming.delta_path is not None:
+            return self.delta_candidates(incoming, base)
+        return self.candidates(incoming, base)
+
+    def merge_first_kept(self, incoming: Incoming, base: str, candidates: list[tuple[dict[str, Any], float]], *,
+                         attempts: list[dict[str, Any]], budget: int, max_adapters: int | None = None,
+                         also_replaces: tuple[str, ...] = (), newcomer: NewName | None = None,
+                         source: str = "merge") -> tuple[str, Attempt] | None:
+        """THE loop: merge `incoming` into each candidate in turn (fold, gate) and commit the first
+        merge the gate keeps, replacing the candidate (and `also_replaces`). A kept merge the budget
+        still refuses moves on to the next candidate. Every attempt's summary is appended to
+        `attempts`; returns (the merged adapter's id, its attempt), or None when nothing was kept."""
+        for candidate, similarity in candidates:
+            with tempfile.TemporaryDirectory(dir=self.store.blobs.tmp) as work:
+                if incoming.delta_path is not None:
+                    attempt = self.attempt_delta(candidate, similarity, incoming, Path(work))
+                else:
+                    attempt = self.attempt(candidate, similarity, incoming)
+                attempts.append(attempt.summary())
+                if newcomer is not None:  # anchors measured for the newcomer stay with it, merged or not
+                    newcomer.quality = incoming.quality
+                if not attempt.accepted:
+                    continue
+                try:
+                    adapter_id = self.commit(attempt, base, Path(work), replaces=[candidate["id"], *also_replaces],
+                                             budget=budget, max_adapters=max_adapters, newcomer=newcomer,
+                                             source=source)
+                except BudgetExceeded:
+                    continue  # merged and still too big: the next candidate, then the caller's fallback
+            return adapter_id, attempt
+        return None
 
     def _label(self, candidate: dict[str, Any]) -> str:
         return "+".join(self.store.names_of(candidate["id"])) or candidate["id"][:12]
@@ -199,95 +248,38 @@ class PoolMerger:
                  "rank": config["r"]}
         return directory / "adapter_model.safetensors", config, state
 
-
     def commit(self, attempt: Attempt, base: str, workdir: Path, *, replaces: list[str], budget: int,
-               max_adapters: int | None = None, newcomer=None, source: str = "merge") -> str:
+               max_adapters: int | None = None, newcomer: NewName | None = None, source: str = "merge") -> str:
         """Store an accepted merge: one transaction that adds it, re-points every member's name
         (with the quality anchors measured on the way) and deletes the adapters it replaces."""
         with self.phases.phase("commit", "storing the merged adapter"):
-            return self._commit(attempt, base, workdir, replaces=replaces, budget=budget,
-                                max_adapters=max_adapters, newcomer=newcomer, source=source)
+            weights, config, state = self.write(attempt, base, workdir)
+            one_bit = attempt.merged_path is not None
+            merged = NewAdapter(kind="bitdelta" if one_bit else "merged", base=base, weights=weights,
+                                rank=config.get("r", 0), config=config, state=state,
+                                target_modules=sorted(self.store.adapter(replaces[0])["target_modules"]) if one_bit
+                                else sorted(attempt.state.merged),
+                                origin={"source": source, "members": attempt.members})
+            return self.store_merge(merged, attempt.members, attempt.qualities, replaces=replaces, budget=budget,
+                                    max_adapters=max_adapters, newcomer=newcomer,
+                                    method=state.get("method", "opcm"), similarity=attempt.similarity,
+                                    retention=attempt.summary()["retention"])
 
-    def _commit(self, attempt: Attempt, base: str, workdir: Path, *, replaces: list[str], budget: int,
-                max_adapters: int | None, newcomer, source: str) -> str:
-        weights, config, state = self.write(attempt, base, workdir)
-        one_bit = attempt.merged_path is not None
-        merged = NewAdapter(kind="bitdelta" if one_bit else "merged", base=base, weights=weights,
-                            rank=config.get("r", 0), config=config, state=state,
-                            target_modules=sorted(self.store.adapter(replaces[0])["target_modules"]) if one_bit
-                            else sorted(attempt.state.merged),
-                            origin={"source": source, "members": attempt.members})
-        names = [member_entry(self.store, n, attempt.qualities.get(n))
-                 for n in attempt.members if newcomer is None or n != newcomer.name]
+    def store_merge(self, merged: NewAdapter, members: list[str], anchors: dict[str, dict[str, Any]], *,
+                    replaces: list[str], budget: int, max_adapters: int | None, newcomer: NewName | None,
+                    method: str, similarity: float | None, retention: dict[str, float]) -> str:
+        """The one write of every merge (arrival, maintenance, by hand): the merged adapter, every
+        member's name re-pointed to it with what it had and the anchors measured on the way, the
+        replaced adapters deleted, and the merge recorded, in one transaction."""
+        names = [member_entry(self.store, n, anchors.get(n))
+                 for n in members if newcomer is None or n != newcomer.name]
         if newcomer is not None:
-            newcomer.quality = attempt.qualities.get(newcomer.name, newcomer.quality)
+            newcomer.quality = anchors.get(newcomer.name, newcomer.quality)
             names.append(newcomer)
         return self.store.put_adapter(
             merged, names, budget=budget, max_adapters=max_adapters, replaces=replaces, event="merge",
-            merge={"members": json.dumps(attempt.members), "method": state.get("method", "opcm"),
-                   "similarity": attempt.similarity, "retention": json.dumps(attempt.summary()["retention"])})
-
-
-def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, force: bool = False,
-                 engine=None, progress=None) -> dict[str, Any]:
-    """`zenedge merge A B --method M`: merge the adapters serving `names` by hand, gate reported
-    (and enforced unless `force`), the result serving every member's name."""
-    from zenedge import policy
-    from zenedge.errors import InvalidInput, MergeRejected
-    from zenedge.merge import merge as run_method
-
-    rows: dict[str, dict[str, Any]] = {}
-    for name in names:
-        row = store.resolve(name)
-        rows.setdefault(row["id"], row)
-    if method in EDITS_ONE and len(rows) != 1:
-        raise InvalidInput(f"{method} edits one adapter; {', '.join(map(repr, names))} are served by {len(rows)}")
-    if method not in EDITS_ONE and len(rows) < 2:
-        served = ", ".join(repr(n) for n in dict.fromkeys(names))
-        raise InvalidInput(f"a merge needs at least two different adapters; {served} "
-                           f"{'is' if len(set(names)) == 1 else 'are'} served by one adapter",
-                           hint="name profiles served by different adapters (see `zenedge list`)")
-    for row in rows.values():
-        if row["kind"] not in MERGEABLE:
-            raise InvalidInput(f"{row['kind']} adapters cannot be merged by hand (only LoRA and merged ones)")
-    bases = {row["base"] for row in rows.values()}
-    if len(bases) != 1:
-        raise InvalidInput("the adapters belong to different bases")
-    base = bases.pop()
-    phases = Phases(progress)
-    merger = PoolMerger(store, cfg, policy._resident(store, cfg, base, engine), phases)
-    adapters = [merger.factors(row) for row in rows.values()]
-    with phases.phase("fold", f"merging {', '.join(dict.fromkeys(names))} ({method})"):
-        result = run_method(method, adapters, max_rank=rank_cap(cfg, *adapters))
-    dtype = max((stored_dtype(store.blob_path(row["sha256"])) for row in rows.values()),
-                key=lambda d: torch.finfo(d).bits)
-    members = [merger.member(name, merger.variant(adapter_id, factors), rows[adapter_id]["kind"] == "lora")
-               for adapter_id, factors in zip(rows, adapters) for name in store.names_of(adapter_id)]
-    threshold = cfg.get("pool", "quality_threshold")
-    gate = merger.gate.check(members, merger.variant("manual-merge", round_to(result.adapter, dtype)), threshold, phases,
-                             stop_at_failure=not force)
-    retention = {m.name: round(m.retention, 4) for m in gate.measurements}
-    if not gate.passed and not force:
-        merger.keep_anchors(gate)
-        raise MergeRejected(f"{method} merge keeps {retention}, below pool.quality_threshold {threshold}; "
-                            "nothing was changed", hint="use --force to keep it anyway")
-    member_names = [m.name for m in members]
-    with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work, phases.phase("commit", "storing the merged adapter"):
-        config = write_peft_adapter(result.adapter, Path(work), base_model=base, dtype=dtype)
-        merged = NewAdapter(kind="merged", base=base, weights=Path(work) / "adapter_model.safetensors",
-                            rank=config["r"], target_modules=sorted(result.adapter), config=config,
-                            state={"method": method, "members": member_names,
-                                   "energy_kept": result.truncation.energy_kept_overall, **_json_safe(result.details)},
-                            origin={"source": "merge", "members": member_names, "method": method})
-        entries = [member_entry(store, n, gate.anchors.get(n)) for n in member_names]
-        adapter_id = store.put_adapter(merged, entries, budget=max(cfg.budget, store.used_bytes()),
-                                       replaces=list(rows), event="merge",
-                                       merge={"members": json.dumps(member_names), "method": method,
-                                              "similarity": None, "retention": json.dumps(retention)})
-    return {"adapter_id": adapter_id, "members": member_names, "method": method, "retention": retention,
-            "examples": {m.name: m.examples for m in gate.measurements if m.metric == "loss"},
-            "energy_kept": result.truncation.energy_kept_overall, "bytes": store.adapter(adapter_id)["bytes"],
-            "profile": phases.profile()}
+            merge={"members": json.dumps(members), "method": method, "similarity": similarity,
+                   "retention": json.dumps(retention)})
 
 
 def member_entry(store: Store, name: str, quality: dict[str, Any] | None) -> NewName:
@@ -301,5 +293,3 @@ def member_entry(store: Store, name: str, quality: dict[str, Any] | None) -> New
                    eval_path=eval_path, quality=quality or row.get("quality") or {}, origin=row.get("origin") or {})
 
 
-def _json_safe(details: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in details.items() if isinstance(v, (int, float, str, bool, list))}

@@ -4,14 +4,14 @@ import json
 import re
 import struct
 
-import numpy as np
 import pytest
 
 from tests.conftest import run_cli, tiny_module_shapes, write_lora_dir
-from zenedge import policy
+from tests.pool.conftest import set_config
+from zenedge import pool
 from zenedge.adapters.peft_lora import read_lora_dir
 from zenedge.config import load
-from zenedge.errors import InvalidAdapter
+from zenedge.errors import InvalidAdapter, InvalidInput
 
 
 def corrupt(path, fn):
@@ -55,7 +55,7 @@ CASES = {
 def test_corrupt_weights_are_refused(store, lora_factory, tmp_path, case):
     path = corrupt(lora_factory(), CASES[case])
     with pytest.raises(InvalidAdapter):
-        policy.import_lora(store, load(), path, "bad", base="tiny")
+        pool.import_lora(store, load(), path, "bad", base="tiny")
     assert store.names() == [] and list(store.blobs.digests()) == []
 
 
@@ -78,14 +78,14 @@ def test_wrong_shapes_for_the_base_are_refused(store, tiny_base_dir, tmp_path):
     shapes = {m: (o * 2, i) for m, (o, i) in tiny_module_shapes(tiny_base_dir).items()}
     path = write_lora_dir(tmp_path / "wide", shapes)
     with pytest.raises(InvalidAdapter, match="made for another model"):
-        policy.import_lora(store, load(), path, "wide", base="tiny")
+        pool.import_lora(store, load(), path, "wide", base="tiny")
 
 
 def test_adapter_for_modules_the_base_lacks_is_refused(store, tmp_path):
     shapes = {"model.layers.0.self_attn.q_proj": (64, 64), "transformer.h.0.attn.c_attn": (192, 64)}
     path = write_lora_dir(tmp_path / "gpt2ish", shapes, targets=("q_proj", "c_attn"))
     with pytest.raises(InvalidAdapter, match="does not exist in the base"):
-        policy.import_lora(store, load(), path, "other", base="tiny")
+        pool.import_lora(store, load(), path, "other", base="tiny")
 
 
 @pytest.mark.parametrize("filename", ["adapter_model.bin", "pytorch_model.pt", "x.ckpt"])
@@ -139,7 +139,7 @@ def test_a_real_peft_adapter_imports(store, tiny_base_dir, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_base_dir)
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     peft_model.save_pretrained(tmp_path / "peft")
-    result = policy.import_lora(store, load(), tmp_path / "peft", "real", base="tiny")
+    result = pool.import_lora(store, load(), tmp_path / "peft", "real", base="tiny")
     adapter = store.resolve("real")
     assert result["kind"] == "lora" and adapter["rank"] == 4
     assert len(adapter["target_modules"]) == 2 * 2  # q and v in both layers
@@ -158,7 +158,7 @@ def test_adapters_on_modules_the_runtime_does_not_serve_are_refused(store, tiny_
     shapes["lm_head"] = (256, 64)
     path = write_lora_dir(tmp_path / "head", shapes, targets=("q_proj", "lm_head"))
     with pytest.raises(InvalidAdapter, match="lm_head"):
-        policy.import_lora(store, load(), path, "head", base="tiny")
+        pool.import_lora(store, load(), path, "head", base="tiny")
 
 
 def with_targets(path, targets):
@@ -183,7 +183,7 @@ def test_target_modules_that_do_not_fit_the_base_are_refused(store, lora_factory
     unchanged, and PEFT then refused to load the export."""
     path = with_targets(lora_factory(), targets)
     with pytest.raises(InvalidAdapter, match=re.escape(fragment) if "(" not in fragment else fragment):
-        policy.import_lora(store, load(), path, "odd", base="tiny")
+        pool.import_lora(store, load(), path, "odd", base="tiny")
     assert store.names() == []
 
 
@@ -196,10 +196,10 @@ def test_target_modules_as_peft_matches_them_are_accepted(store, lora_factory, t
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from zenedge.export import export
+    from zenedge.pool.export import export
 
     path = with_targets(lora_factory(), targets)
-    policy.import_lora(store, load(), path, "fits", base="tiny")
+    pool.import_lora(store, load(), path, "fits", base="tiny")
     export(store, tmp_path / "out", ["fits"])
     base = AutoModelForCausalLM.from_pretrained(store.home / store.base("tiny")["dir"])
     loaded = PeftModel.from_pretrained(base, tmp_path / "out" / "fits")
@@ -212,3 +212,17 @@ def test_a_missing_path_is_refused_before_the_default_base_is_set_up(tmp_path, i
     result = run_cli("import", str(tmp_path / "nowhere"), "--name", "x")
     assert result.returncode == 2 and result.stderr.startswith("error: ") and "no such file" in result.stderr
     assert not any((isolated_home / "bases").iterdir())  # nothing was converted first
+
+
+@pytest.mark.parametrize("content, message", [("not json\n", "invalid JSON"), ("", "empty"),
+                                              ('{"prompt": "x"}\n', "missing key")])
+def test_import_refuses_an_unusable_eval_set(store, tmp_path, make_profile, content, message):
+    a_dir, _ = make_profile("alpha", 1, with_eval=False)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    for eval_path in (bad, tmp_path, tmp_path / "missing.jsonl"):
+        with pytest.raises(InvalidInput):
+            pool.import_lora(store, set_config(tmp_path, ""), a_dir, "alpha", base="tiny", eval_path=eval_path)
+    with pytest.raises(InvalidInput, match=message):
+        pool.import_lora(store, set_config(tmp_path, ""), a_dir, "alpha", base="tiny", eval_path=bad)
+    assert store.names() == []

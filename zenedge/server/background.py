@@ -1,9 +1,9 @@
-"""Background upkeep: re-read the config when it changes (or on SIGHUP), run pool maintenance every
-`pool.maintain_interval` seconds.
+"""The daemon's background loop: re-read the config when it changes (or on SIGHUP), run pool
+maintenance every `pool.maintain_interval` seconds.
 
 The config file is polled (mtime, size, inode): cheap, portable, and it sees editors that replace
 the file. A broken edit is logged and ignored; the config in force stays in force. Maintenance
-itself (`zenedge.maintenance.maintain`) is imported when first needed, so the daemon runs, and
+itself (`zenedge.pool.maintain.maintain`) is imported when first needed, so the daemon runs, and
 says so, on builds that do not have it yet.
 """
 
@@ -40,7 +40,7 @@ def _signature(path: Path) -> tuple | None:
     return info.st_mtime_ns, info.st_size, info.st_ino
 
 
-class Maintenance:
+class Background:
     def __init__(self, state: DaemonState):
         self.state = state
         self.path = state.settings.config_path
@@ -54,7 +54,7 @@ class Maintenance:
 
     def info(self) -> dict[str, Any]:
         try:
-            optional("zenedge.maintenance", "maintain", "pool maintenance")
+            optional("zenedge.pool.maintain", "maintain", "pool maintenance")
             available = True
         except NotAvailableYet:
             available = False
@@ -98,7 +98,7 @@ class Maintenance:
             return changed
 
     async def maintain(self) -> dict[str, Any]:
-        maintain = optional("zenedge.maintenance", "maintain", "pool maintenance")
+        maintain = optional("zenedge.pool.maintain", "maintain", "pool maintenance")
         if self.running:
             raise Conflict("pool maintenance is already running")
         self.running = True

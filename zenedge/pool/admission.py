@@ -1,27 +1,21 @@
-"""Pool policy: the one orchestrator that decides what enters the pool and what leaves it.
-
-It reads the config (budget B, slot limit, pinned names, quality threshold), validates incoming
-adapters against their base, and turns storage pressure into a decision: store when it fits;
-else merge into one of the most similar stored adapters if the quality gate passes (kmerge.py);
-else evict by request-rate-weighted LRU (never pinned) or refuse, as `pool.on_no_merge` says.
-Lowering the budget evicts the same way.
+"""Admission: what enters the pool. Incoming adapters are validated against their base, then
+stored when they fit; else merged into one of the most similar stored adapters if the quality
+gate passes (merger.py, the one merge loop); else room is made by evicting (request-rate-weighted
+LRU, never pinned) or the adapter is refused, as `pool.on_no_merge` says.
 """
 
 from __future__ import annotations
 
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zenedge import config as config_mod
 from zenedge.adapters.peft_lora import read_lora_dir
 from zenedge.adapters.targets import is_servable
 from zenedge.bases import DEFAULT_BASE, ensure_base, find_base, identities
 from zenedge.config import Config
 from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter, InvalidInput
 from zenedge.names import check_name
-from zenedge.phases import Phases, Progress
+from zenedge.pool.phases import Phases, Progress
 from zenedge.sizes import format_size
 from zenedge.store import NewAdapter, NewName, Store
 
@@ -29,18 +23,6 @@ from zenedge.store import NewAdapter, NewName, Store
 # Gate at most this many candidates, most similar first: each costs a pass over its members' eval
 # sets, and the issue [J] profile (BENCHMARKS.md) counts how often a later one is the one kept.
 MERGE_CANDIDATES = 2
-
-
-@dataclass
-class EvictionPlan:
-    budget: int
-    used_before: int
-    evict: list[dict[str, Any]] = field(default_factory=list)   # adapter rows, in order
-    used_after: int = 0
-
-    @property
-    def names(self) -> list[str]:
-        return [n for a in self.evict for n in a["names"]]
 
 
 def resolve_base(store: Store, name: str | None, progress: Progress | None = None) -> dict[str, Any]:
@@ -82,15 +64,22 @@ def check_eval_set(path: Path | None) -> Path | None:
     return path
 
 
+def _checked_inputs(store: Store, name: str, path: Path, eval_path: Path | None, base: str | None,
+                    progress: Progress | None) -> dict[str, Any]:
+    """What every import checks first, cheapest first: the name, the source path, the eval set;
+    then the base row (the default base is set up here on first use)."""
+    check_name(name, "profile name")
+    check_source(path)
+    check_eval_set(eval_path)
+    return resolve_base(store, base, progress)
+
+
 def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                 eval_path: Path | None = None, version: str = "", description: str = "",
                 origin: dict[str, Any] | None = None, engine=None,
                 progress: Progress | None = None) -> dict[str, Any]:
     """Validate a PEFT LoRA directory against its base and store it under `name`."""
-    check_name(name, "profile name")
-    check_source(path)
-    check_eval_set(eval_path)
-    base_row = resolve_base(store, base, progress)
+    base_row = _checked_inputs(store, name, path, eval_path, base, progress)
     modules = {m: tuple(s) for m, s in base_row["modules"].items()}
     lora = read_lora_dir(Path(path), modules)
     unservable = [m for m in lora.target_modules if not is_servable(m)]
@@ -115,10 +104,7 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
     """Validate a BitDelta file (format, shapes against the base, base hash) and store it."""
     from zenedge.bitdelta.fileformat import load_bitdelta
 
-    check_name(name, "profile name")
-    check_source(path)
-    check_eval_set(eval_path)
-    base_row = resolve_base(store, base, progress)
+    base_row = _checked_inputs(store, name, path, eval_path, base, progress)
     if Path(path).suffix.lower() in {".bin", ".pt", ".pth", ".pkl", ".ckpt"}:
         raise InvalidAdapter(f"{Path(path).name}: pickle files are refused; BitDelta files are safetensors")
     try:
@@ -217,47 +203,40 @@ def _prefers_merge(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
 
 
 def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, engine,
-                          attempts: list[dict[str, Any]], phases: Phases,
-                          max_candidates: int = MERGE_CANDIDATES) -> dict[str, Any] | None:
-    """Try the most similar stored adapters of the same kind; commit the first merge the gate keeps."""
-    from zenedge.kmerge import Incoming, PoolMerger
+                          attempts: list[dict[str, Any]], phases: Phases) -> dict[str, Any] | None:
+    """Try the MERGE_CANDIDATES most similar stored adapters of the same kind (merger.py's loop)."""
+    from zenedge.pool.merger import PoolMerger  # torch loads here, only when a merge is tried
 
-    merger = PoolMerger(store, cfg, _resident(store, cfg, adapter.base, engine), phases)
-    if adapter.kind == "bitdelta":
-        incoming = Incoming(entry.name, None, entry.eval_path, dict(entry.quality), delta_path=adapter.weights)
-        candidates = merger.delta_candidates(incoming, adapter.base)
-    else:
-        import torch
-
-        from zenedge.adapters.lora_tensors import read_lora_factors
-
-        factors = read_lora_factors(adapter.weights, adapter.config, dtype=torch.float32)
-        incoming = Incoming(entry.name, factors, entry.eval_path, dict(entry.quality))
-        candidates = merger.candidates(incoming, adapter.base)
+    merger = PoolMerger.for_base(store, cfg, adapter.base, engine, phases)
+    incoming = _incoming(adapter, entry)
+    candidates = merger.ranked(incoming, adapter.base)[:MERGE_CANDIDATES]
     slot_threshold = cfg.get("pool", "slot_threshold")
-    for candidate, similarity in candidates[:max_candidates]:
-        if slot_threshold > 0 and similarity < slot_threshold and not attempts and _has_room(store, cfg, adapter):
-            return None  # K-Merge++: dissimilar to everything and a slot is free: take the slot
-        with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
-            if adapter.kind == "bitdelta":
-                attempt = merger.attempt_delta(candidate, similarity, incoming, Path(work))
-            else:
-                attempt = merger.attempt(candidate, similarity, incoming)
-            attempts.append(attempt.summary())
-            entry.quality = incoming.quality
-            if not attempt.accepted:
-                continue
-            try:
-                adapter_id = merger.commit(attempt, adapter.base, Path(work), replaces=[candidate["id"]],
-                                           budget=cfg.budget, max_adapters=cfg.get("pool", "max_adapters"),
-                                           newcomer=entry)
-            except BudgetExceeded:
-                continue  # merged and still too big: try the next candidate, then evict
-        row = store.adapter(adapter_id)
-        return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"],
-                "action": "merged", "merged_with": [n for n in attempt.members if n != entry.name],
-                "attempts": attempts}
-    return None
+    if (candidates and slot_threshold > 0 and candidates[0][1] < slot_threshold and not attempts
+            and _has_room(store, cfg, adapter)):
+        return None  # K-Merge++: dissimilar to everything and a slot is free: take the slot
+    merged = merger.merge_first_kept(incoming, adapter.base, candidates, attempts=attempts, budget=cfg.budget,
+                                     max_adapters=cfg.get("pool", "max_adapters"), newcomer=entry)
+    if merged is None:
+        return None
+    adapter_id, attempt = merged
+    row = store.adapter(adapter_id)
+    return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"],
+            "action": "merged", "merged_with": [n for n in attempt.members if n != entry.name],
+            "attempts": attempts}
+
+
+def _incoming(adapter: NewAdapter, entry: NewName):
+    """The newcomer as the merger sees it: its LoRA factors, or its .bitdelta file."""
+    from zenedge.pool.merger import Incoming
+
+    if adapter.kind == "bitdelta":
+        return Incoming(entry.name, None, entry.eval_path, dict(entry.quality), delta_path=adapter.weights)
+    import torch
+
+    from zenedge.adapters.lora_tensors import read_lora_factors
+
+    factors = read_lora_factors(adapter.weights, adapter.config, dtype=torch.float32)
+    return Incoming(entry.name, factors, entry.eval_path, dict(entry.quality))
 
 
 def _has_room(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
@@ -283,7 +262,7 @@ def _evict_until_it_fits(store: Store, cfg: Config, adapter: NewAdapter, entry: 
         if victim["id"] == replacing:
             continue
         victims.append(victim["id"])
-        over_bytes -= victim["bytes"] + _eval_bytes(store, store.names_of(victim["id"]))
+        over_bytes -= store.freed_by_evicting(victim["id"])
         over_slots -= 1
     if over_bytes > 0 or over_slots > 0:
         raise BudgetExceeded(f"{pressure.message}; evicting every unpinned adapter would not make room",
@@ -293,66 +272,3 @@ def _evict_until_it_fits(store: Store, cfg: Config, adapter: NewAdapter, entry: 
         evicted = store.evict(victims, reason=f"making room for {entry.name!r}")
     with phases.phase("commit", f"storing {entry.name}"):
         return _commit(store, cfg, adapter, entry, event, action="evicted", evicted=evicted, attempts=attempts)
-
-
-def _resident(store: Store, cfg: Config, base: str, engine=None):
-    if engine is None:
-        from zenedge.runtime.engine import Engine
-
-        engine = Engine(store, cfg)
-    return engine.resident(base)
-
-
-def plan_budget(store: Store, cfg: Config, budget: int) -> EvictionPlan:
-    """Which adapters `budget set` would evict (rate-weighted LRU, never pinned)."""
-    used = store.used_bytes()
-    plan = EvictionPlan(budget=budget, used_before=used, used_after=used)
-    for adapter in store.eviction_order(pinned_names=cfg.get("runtime", "pinned")):
-        if plan.used_after <= budget:
-            break
-        names = store.names_of(adapter["id"])
-        freed = adapter["bytes"] + _eval_bytes(store, names)
-        plan.evict.append({**adapter, "names": names, "freed": freed})
-        plan.used_after -= freed
-    if plan.used_after > budget:
-        raise BudgetExceeded(
-            f"pinned adapters alone use {format_size(plan.used_after)}, more than {format_size(budget)}; "
-            "nothing was changed",
-            hint="unpin some with `zenedge unpin NAME` or choose a larger budget",
-        )
-    return plan
-
-
-def _eval_bytes(store: Store, names: list[str]) -> int:
-    total = 0
-    for name in names:
-        row = store.name(name)
-        if row and row.get("eval_blob"):
-            shared = store.db.execute("SELECT COUNT(*) FROM names WHERE eval_blob = ?", [row["eval_blob"]]).fetchone()[0]
-            if shared == 1:
-                total += store.db.execute("SELECT bytes FROM blobs WHERE digest = ?", [row["eval_blob"]]).fetchone()[0]
-    return total
-
-
-def set_budget(store: Store, cfg: Config, size: str, *, dry_run: bool = False) -> EvictionPlan:
-    """Lower or raise B: evict first (so a crash leaves a smaller, consistent pool), then write the file."""
-    budget = config_mod.parse_budget(size)  # refused here, before anything is evicted
-    with store.writing():
-        plan = plan_budget(store, cfg, budget)
-        if dry_run:
-            return plan
-        if plan.evict:
-            store.evict([a["id"] for a in plan.evict], reason=f"budget set to {format_size(budget)}")
-        config_mod.set_value("pool", "budget", size, cfg.path)
-        with store.db.atomic():
-            store._event("budget", None, None, {"budget": budget, "evicted": plan.names})
-    return plan
-
-
-def enforce_budget(store: Store, cfg: Config) -> EvictionPlan:
-    """Bring the pool back under the configured budget (after a config edit); used by maintenance."""
-    with store.writing():
-        plan = plan_budget(store, cfg, cfg.budget)
-        if plan.evict:
-            store.evict([a["id"] for a in plan.evict], reason="over the configured budget")
-        return plan

@@ -5,9 +5,9 @@ import json
 import torch
 
 from tests.runtime.test_bitdelta_runtime import delta_file, fine_tune_copy  # noqa: F401 (fixture)
-from zenedge import policy
-from zenedge.export import MANIFEST, export
-from zenedge.kmerge import manual_merge
+from zenedge import pool
+from zenedge.pool.export import MANIFEST, export
+from zenedge.pool import manual_merge
 
 
 def runtime_logits(engine, name, input_ids):
@@ -43,7 +43,7 @@ def test_lora_and_merged_adapters_round_trip_through_peft(engine, store, cfg, im
 def test_bitdelta_exports_as_a_loadable_merged_model(engine, store, cfg, delta_file, tmp_path):  # noqa: F811
     from transformers import AutoModelForCausalLM
 
-    policy.import_bitdelta(store, cfg, delta_file(4), "full", base="tiny")
+    pool.import_bitdelta(store, cfg, delta_file(4), "full", base="tiny")
     manifest = export(store, tmp_path / "out", ["full"])
     assert manifest["adapters"][0]["format"] == "hf-merged"
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "full").eval()
@@ -54,7 +54,7 @@ def test_bitdelta_exports_as_a_loadable_merged_model(engine, store, cfg, delta_f
 
 
 def test_bitdelta_as_lora_reports_its_error(engine, store, cfg, delta_file, tmp_path):  # noqa: F811
-    policy.import_bitdelta(store, cfg, delta_file(5), "full", base="tiny")
+    pool.import_bitdelta(store, cfg, delta_file(5), "full", base="tiny")
     low = export(store, tmp_path / "r4", ["full"], bitdelta_as="lora", rank=4)["adapters"][0]
     high = export(store, tmp_path / "r64", ["full"], bitdelta_as="lora", rank=64)["adapters"][0]
     assert 0 <= high["relative_error"] < low["relative_error"] < 1
@@ -66,7 +66,7 @@ def test_format_hf_merged_folds_every_profile_into_a_full_model(engine, store, c
     from transformers import AutoModelForCausalLM
 
     imported("solo", seed=6)
-    policy.import_bitdelta(store, cfg, delta_file(7), "full", base="tiny")
+    pool.import_bitdelta(store, cfg, delta_file(7), "full", base="tiny")
     manifest = export(store, tmp_path / "out", format="hf-merged")
     assert {e["format"] for e in manifest["adapters"]} == {"hf-merged"}
     assert "vllm" not in manifest["serve"]  # nothing left for --enable-lora

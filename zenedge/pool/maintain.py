@@ -11,11 +11,10 @@ editing the config by hand.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from zenedge.config import Config
+from zenedge.pool.budget import enforce_budget
 from zenedge.store import Store
 
 
@@ -26,9 +25,7 @@ def maintain(store: Store, cfg: Config, engine=None, *, verify: bool = True) -> 
         if verify:
             report["removed_corrupt"] = _remove_corrupt(store)
         report["merged"] = _merge_until_it_fits(store, cfg, engine)
-        from zenedge import policy
-
-        plan = policy.enforce_budget(store, cfg)
+        plan = enforce_budget(store, cfg)
         report["evicted"] = plan.names
         over_slots = store.usage().adapters - cfg.get("pool", "max_adapters")
         if over_slots > 0:
@@ -49,8 +46,9 @@ def _over(store: Store, cfg: Config) -> bool:
 
 
 def _merge_until_it_fits(store: Store, cfg: Config, engine) -> list[dict[str, Any]]:
-    from zenedge import policy
-    from zenedge.kmerge import Incoming, PoolMerger
+    """Merge the least requested single-profile LoRAs into their most similar stored adapters
+    (merger.py's loop, replacing both) while the pool is over B or its slots."""
+    from zenedge.pool.merger import Incoming, PoolMerger  # torch loads here, only when over
 
     merges: list[dict[str, Any]] = []
     tried: set[str] = set()
@@ -62,20 +60,15 @@ def _merge_until_it_fits(store: Store, cfg: Config, engine) -> list[dict[str, An
         source = order[0]
         tried.add(source["id"])
         [name] = store.names_of(source["id"])
-        merger = PoolMerger(store, cfg, policy._resident(store, cfg, source["base"], engine))
+        merger = PoolMerger.for_base(store, cfg, source["base"], engine)
         row = store.name(name)
         eval_path = store.blob_path(row["eval_blob"]) if row.get("eval_blob") else None
         incoming = Incoming(name, merger.factors(source), eval_path, dict(row.get("quality") or {}))
-        for candidate, similarity in merger.candidates(incoming, source["base"]):
-            if candidate["id"] == source["id"]:
-                continue
-            attempt = merger.attempt(candidate, similarity, incoming)
-            if not attempt.accepted:
-                continue
-            with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
-                # Merging only shrinks the pool, so the commit may not be refused for being over B.
-                merger.commit(attempt, source["base"], Path(work), replaces=[candidate["id"], source["id"]],
-                              budget=max(cfg.budget, store.used_bytes()), source="maintain")
-            merges.append(attempt.summary())
-            break
+        candidates = [(c, sim) for c, sim in merger.candidates(incoming, source["base"]) if c["id"] != source["id"]]
+        # Merging only shrinks the pool, so the commit may not be refused for being over B.
+        merged = merger.merge_first_kept(incoming, source["base"], candidates, attempts=[],
+                                         budget=max(cfg.budget, store.used_bytes()),
+                                         also_replaces=(source["id"],), source="maintain")
+        if merged is not None:
+            merges.append(merged[1].summary())
     return merges

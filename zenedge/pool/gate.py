@@ -38,7 +38,7 @@ import torch
 
 from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, example_losses, load_eval_set,
                                 prefix_states, right_padded_batch, shared_prefix, supports_prefix)
-from zenedge.phases import Phases
+from zenedge.pool.phases import Phases
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant
 

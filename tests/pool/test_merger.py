@@ -1,72 +1,16 @@
-"""K-Merge under pressure, end to end on the tiny model: similarity, OPCM, the gate, routing."""
-
-import json
+"""K-Merge under pressure, end to end on the tiny model: similarity, OPCM, the gate, routing (LoRA
+newcomers, and 1-bit deltas merged with deltas)."""
 
 import pytest
 import torch
 
-from tests.conftest import tiny_module_shapes, write_lora_dir
-from zenedge import config, policy
+from tests.pool.conftest import set_config
+from tests.runtime.test_bitdelta_runtime import fine_tune_copy
+from zenedge import config, pool
+from zenedge.bitdelta import compress_model
 from zenedge.errors import BudgetExceeded
-from zenedge.quality import retention
 from zenedge.runtime.engine import Engine, Prompt
 from zenedge.runtime.generate import SamplingParams
-
-
-def set_config(tmp_path, text, pinned=()):
-    path = tmp_path / "config" / "config.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f'[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\npinned = {json.dumps(list(pinned))}\n' + text)
-    return config.load(path)
-
-
-@pytest.fixture
-def make_profile(tmp_path, tiny_base_dir, store):
-    """A LoRA dir plus an eval set made of that adapter's own greedy answers (so it has a gain)."""
-    shapes = tiny_module_shapes(tiny_base_dir)
-    cfg = set_config(tmp_path, "")
-
-    def make(name, seed, *, like=None, noise=0.0, with_eval=True, examples=12):
-        path = tmp_path / f"src-{name}"
-        write_lora_dir(path, shapes, seed=seed, rank=4, scale=0.3)
-        if like is not None:  # a near-copy of another profile: same factors plus a little noise
-            from safetensors.torch import load_file, save_file
-
-            tensors = load_file(like / "adapter_model.safetensors")
-            g = torch.Generator().manual_seed(seed)
-            save_file({k: v + noise * torch.randn(v.shape, generator=g) for k, v in tensors.items()},
-                      str(path / "adapter_model.safetensors"))
-        if not with_eval:
-            return path, None
-        scratch = Engine(store, cfg)
-        resident = scratch.resident("tiny")
-        from zenedge.adapters.lora_tensors import read_lora_factors
-        from zenedge.runtime.variants import Variant
-
-        variant = Variant(name, "lora", read_lora_factors(path / "adapter_model.safetensors",
-                                                          json.loads((path / "adapter_config.json").read_text())))
-        rows = []
-        from zenedge.runtime.generate import GenerationRequest, generate
-
-        for i in range(examples):
-            ids = Prompt(messages=[{"role": "user", "content": f"item {i}"}]).encode(resident.tokenizer)
-            text = ""
-            for deltas in generate(resident, [GenerationRequest(ids, variant, SamplingParams(max_tokens=6))]):
-                text += "".join(d.text for d in deltas)
-            rows.append({"prompt": f"item {i}", "answer": text.strip() or "x"})
-        eval_path = tmp_path / f"{name}.jsonl"
-        eval_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return path, eval_path
-
-    return make
-
-
-def test_retention_formula():
-    assert retention(3.0, 2.0, 2.0) == 1.0
-    assert retention(3.0, 2.0, 2.5) == 0.5
-    assert retention(3.0, 2.0, 3.5) == -0.5
-    assert retention(3.0, 3.0, 3.0) == 1.0      # no gain to keep: fine if not worse
-    assert retention(3.0, 3.0, 3.6) == 0.0
 
 
 def test_similar_adapter_is_merged_and_both_names_route_to_it(store, tmp_path, make_profile):
@@ -74,8 +18,8 @@ def test_similar_adapter_is_merged_and_both_names_route_to_it(store, tmp_path, m
     b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.02)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
-    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
     assert result["action"] == "merged" and result["merged_with"] == ["alpha"]
     assert store.resolve("alpha")["id"] == store.resolve("beta")["id"] == result["adapter_id"]
     merged = store.adapter(result["adapter_id"])
@@ -97,7 +41,7 @@ def test_a_third_arrival_continues_the_opcm_state(store, tmp_path, make_profile)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 4000}B"\nquality_threshold = 0.3\n')
     for name, d, e in [("alpha", a_dir, a_eval), ("beta", b_dir, b_eval), ("gamma", c_dir, c_eval)]:
-        policy.import_lora(store, cfg, d, name, base="tiny", eval_path=e)
+        pool.import_lora(store, cfg, d, name, base="tiny", eval_path=e)
     [adapter] = store.adapters()
     assert adapter["kind"] == "merged" and len(adapter["state"]["norms"]) == 3
     assert sorted(store.names_of(adapter["id"])) == ["alpha", "beta", "gamma"]
@@ -109,12 +53,12 @@ def test_when_the_gate_fails_the_policy_evicts_or_refuses(store, tmp_path, make_
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     budget = f'budget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.99\n'
     refuse = set_config(tmp_path, f'[pool]\n{budget}on_no_merge = "refuse"\n')
-    policy.import_lora(store, refuse, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    pool.import_lora(store, refuse, a_dir, "alpha", base="tiny", eval_path=a_eval)
     with pytest.raises(BudgetExceeded, match="best merge kept"):
-        policy.import_lora(store, refuse, b_dir, "beta", base="tiny", eval_path=b_eval)
+        pool.import_lora(store, refuse, b_dir, "beta", base="tiny", eval_path=b_eval)
     assert [n["name"] for n in store.names()] == ["alpha"] and store.merges() == []
     evict = set_config(tmp_path, f"[pool]\n{budget}")
-    result = policy.import_lora(store, evict, b_dir, "beta", base="tiny", eval_path=b_eval)
+    result = pool.import_lora(store, evict, b_dir, "beta", base="tiny", eval_path=b_eval)
     assert result["action"] == "evicted" and result["evicted"] == ["alpha"]
     [attempt] = result["attempts"]  # the gate stopped at the first member below the threshold
     assert list(attempt["retention"]) == ["alpha"] and attempt["retention"]["alpha"] < 0.99
@@ -128,9 +72,9 @@ def test_pinned_adapters_are_never_merged(store, tmp_path, make_profile):
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.1\n',
                      pinned=["alpha"])
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
     with pytest.raises(BudgetExceeded):
-        policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+        pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
     assert store.resolve("alpha")["kind"] == "lora" and store.merges() == []
 
 
@@ -139,81 +83,24 @@ def test_adapters_without_eval_sets_use_the_data_free_proxy(store, tmp_path, mak
     b_dir, _ = make_profile("beta", 2, like=a_dir, noise=0.01, with_eval=False)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6)}B"\nquality_threshold = 0.5\n')
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny")
-    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny")
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny")
+    result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny")
     assert result["action"] == "merged"
     assert all(0.5 <= r <= 1.0 for r in store.merges()[0]["retention"].values())
-
-
-def test_maintain_merges_before_evicting_after_a_budget_edit(store, tmp_path, make_profile):
-    from zenedge.maintenance import maintain
-
-    a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.02)
-    roomy = set_config(tmp_path, '[pool]\nquality_threshold = 0.5\n')
-    policy.import_lora(store, roomy, a_dir, "alpha", base="tiny", eval_path=a_eval)
-    policy.import_lora(store, roomy, b_dir, "beta", base="tiny", eval_path=b_eval)
-    size = (a_dir / "adapter_model.safetensors").stat().st_size
-    tight = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
-    report = maintain(store, tight)
-    assert len(report["merged"]) == 1 and report["evicted"] == [] and report["problems"] == []
-    assert store.resolve("alpha")["id"] == store.resolve("beta")["id"]
-
-
-def test_maintain_removes_adapters_whose_blob_is_corrupt(store, tmp_path, make_profile):
-    from zenedge.maintenance import maintain
-
-    a_dir, _ = make_profile("alpha", 1, with_eval=False)
-    cfg = set_config(tmp_path, "")
-    result = policy.import_lora(store, cfg, a_dir, "alpha", base="tiny")
-    path = store.blob_path(result["adapter_id"])
-    data = path.read_bytes()
-    path.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
-    report = maintain(store, cfg)
-    assert report["removed_corrupt"] == ["alpha"] and store.names() == [] and report["problems"] == []
-
-
-@pytest.mark.parametrize("method", ["ties", "kmerge-linear", "svd-soup", "opcm"])
-def test_merge_by_hand_serves_every_member(store, tmp_path, make_profile, method):
-    from zenedge.kmerge import manual_merge
-
-    a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.05)
-    cfg = set_config(tmp_path, "")
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
-    policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
-    result = manual_merge(store, cfg, ["alpha", "beta"], method, force=True)
-    assert set(result["retention"]) == {"alpha", "beta"}
-    assert store.resolve("alpha")["id"] == store.resolve("beta")["id"] == result["adapter_id"]
-    assert store.usage().adapters == 1 and store.check() == []
-
-
-def test_merge_by_hand_below_threshold_changes_nothing(store, tmp_path, make_profile):
-    from zenedge.errors import MergeRejected
-    from zenedge.kmerge import manual_merge
-
-    a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = make_profile("beta", 9)
-    cfg = set_config(tmp_path, "[pool]\nquality_threshold = 1.0\n")
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
-    policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
-    with pytest.raises(MergeRejected, match="nothing was changed"):
-        manual_merge(store, cfg, ["alpha", "beta"], "opcm")
-    assert store.usage().adapters == 2 and store.merges() == []
 
 
 def test_a_clear_verdict_reads_only_the_first_examples(store, tmp_path, make_profile):
     """The sequential gate: a merge that plainly keeps (or plainly loses) quality is decided after
     MIN_EXAMPLES of a 40-example set, and the time profile says where the arrival's time went."""
-    from zenedge.quality import MIN_EXAMPLES
+    from zenedge.pool.gate import MIN_EXAMPLES
 
     a_dir, a_eval = make_profile("alpha", 1, examples=40)
     b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.0, examples=40)  # the same adapter
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 6000}B"\nquality_threshold = 0.7\n')
     events = []
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
-    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval, progress=events.append)
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval, progress=events.append)
     assert result["action"] == "merged"
     [attempt] = result["attempts"]
     assert attempt["examples"] == {"alpha": MIN_EXAMPLES, "beta": MIN_EXAMPLES}
@@ -235,15 +122,15 @@ def test_a_refused_merge_keeps_the_anchors_it_measured(store, tmp_path, make_pro
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 4000}B"\nquality_threshold = 0.99\n'
                                'on_no_merge = "refuse"\n')
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
     assert store.name("alpha")["quality"] == {}
     with pytest.raises(BudgetExceeded):
-        policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+        pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
     kept = store.name("alpha")["quality"]
     assert kept["per_example"]["own"] and kept["own_loss"] < kept["base_loss"]
     events = []
     with pytest.raises(BudgetExceeded):
-        policy.import_lora(store, cfg, c_dir, "gamma", base="tiny", eval_path=c_eval, progress=events.append)
+        pool.import_lora(store, cfg, c_dir, "gamma", base="tiny", eval_path=c_eval, progress=events.append)
     measured = [e["members"] for e in events if e["phase"] == "anchors"]
     assert measured and all(m == ["gamma"] for m in measured)  # alpha's anchors were not measured again
 
@@ -253,45 +140,13 @@ def test_a_broken_stored_eval_set_does_not_block_merges(store, tmp_path, make_pr
     b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.01)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
     store.blob_path(store.name("alpha")["eval_blob"]).write_text("not json\n")  # damaged on disk
     events = []
-    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval, progress=events.append)
+    result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval, progress=events.append)
     assert result["action"] == "merged"
     assert any("eval set unusable" in e["status"] for e in events)
     assert store.merges()[0]["retention"]["alpha"] >= 0.5   # judged by the data-free proxy
-
-
-@pytest.mark.parametrize("names, method", [(["alpha"], "opcm"), (["alpha", "alpha"], "ties"),
-                                           (["alpha", "beta"], "monosoup")])
-def test_merge_by_hand_needs_distinct_adapters(store, tmp_path, make_profile, names, method):
-    from zenedge.errors import InvalidInput
-    from zenedge.kmerge import manual_merge
-
-    a_dir, _ = make_profile("alpha", 1, with_eval=False)
-    b_dir, _ = make_profile("beta", 2, with_eval=False)
-    cfg = set_config(tmp_path, "")
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny")
-    policy.import_lora(store, cfg, b_dir, "beta", base="tiny")
-    with pytest.raises(InvalidInput, match="two different adapters|edits one adapter"):
-        manual_merge(store, cfg, names, method)
-    assert store.usage().adapters == 2 and store.merges() == []
-
-
-@pytest.mark.parametrize("content, message", [("not json\n", "invalid JSON"), ("", "empty"),
-                                              ('{"prompt": "x"}\n', "missing key")])
-def test_import_refuses_an_unusable_eval_set(store, tmp_path, make_profile, content, message):
-    from zenedge.errors import InvalidInput
-
-    a_dir, _ = make_profile("alpha", 1, with_eval=False)
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(content)
-    for eval_path in (bad, tmp_path, tmp_path / "missing.jsonl"):
-        with pytest.raises(InvalidInput):
-            policy.import_lora(store, set_config(tmp_path, ""), a_dir, "alpha", base="tiny", eval_path=eval_path)
-    with pytest.raises(InvalidInput, match=message):
-        policy.import_lora(store, set_config(tmp_path, ""), a_dir, "alpha", base="tiny", eval_path=bad)
-    assert store.names() == []
 
 
 def test_bf16_profiles_merge_into_bf16_under_byte_pressure(store, tmp_path, make_profile):
@@ -308,8 +163,8 @@ def test_bf16_profiles_merge_into_bf16_under_byte_pressure(store, tmp_path, make
         save_file({k: v.bfloat16() for k, v in load_file(weights).items()}, str(weights))
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
-    result = policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
     assert result["action"] == "merged"
     header = read_header(store.blob_path(result["adapter_id"]))
     assert {info.dtype for info in header.tensors.values()} == {"BF16"}
@@ -324,14 +179,45 @@ def test_merged_members_keep_their_eval_sets_for_later_gates(store, tmp_path, ma
     c_dir, c_eval = make_profile("gamma", 3, like=a_dir, noise=0.02)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 6000}B"\nquality_threshold = 0.3\n')
-    policy.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval, version="1.2.0")
-    policy.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval, version="1.2.0")
+    pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
     alpha = store.name("alpha")
     assert alpha["eval_blob"] and alpha["version"] == "1.2.0" and alpha["quality"]["per_example"]
     events = []
-    result = policy.import_lora(store, cfg, c_dir, "gamma", base="tiny", eval_path=c_eval, progress=events.append)
+    result = pool.import_lora(store, cfg, c_dir, "gamma", base="tiny", eval_path=c_eval, progress=events.append)
     assert result["action"] == "merged"
     gates = [e["status"] for e in events if e["phase"] == "gate"]
     assert gates and not any("proxy" in g for g in gates)
     assert set(result["attempts"][-1]["examples"]) == {"alpha", "beta", "gamma"}
     assert all(store.name(n)["eval_blob"] for n in ("alpha", "beta", "gamma"))
+
+
+def test_similar_deltas_are_merged_under_pressure(store, tmp_path, tiny_base_dir):
+    base_sha = store.base("tiny")["sha256"]
+    ft_a = fine_tune_copy(tiny_base_dir, tmp_path / "ft-a", seed=1)
+    paths = {}
+    for name, seed in (("first", 1), ("second", 1)):
+        ft = ft_a if name == "first" else tmp_path / "ft-b"
+        if name == "second":  # the same fine-tune direction, a little more trained
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(ft_a)
+            with torch.no_grad():
+                for pname, p in model.named_parameters():
+                    if p.ndim == 2 and "layers." in pname:
+                        p.add_(0.002 * torch.randn_like(p))
+            model.save_pretrained(ft)
+        paths[name] = tmp_path / f"{name}.bitdelta"
+        compress_model(tiny_base_dir, ft, paths[name], base_sha256=base_sha)
+    size = paths["first"].stat().st_size
+    cfg_path = tmp_path / "config" / "config.toml"
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(f'[pool]\nbudget = "{int(size * 1.5)}B"\nquality_threshold = 0.5\n'
+                        '[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\n')
+    cfg = config.load(cfg_path)
+    pool.import_bitdelta(store, cfg, paths["first"], "first", base="tiny")
+    result = pool.import_bitdelta(store, cfg, paths["second"], "second", base="tiny")
+    assert result["action"] == "merged" and result["kind"] == "bitdelta"
+    merged = store.resolve("first")
+    assert merged["id"] == store.resolve("second")["id"] and len(merged["state"]["norms"]) == 2
+    assert store.check(budget=cfg.budget) == []
