@@ -1,18 +1,97 @@
-"""The typed error hierarchy, and the one place that maps errors to exit codes and HTTP statuses.
+"""The typed error hierarchy, and the one table that maps every error code to its class, exit code
+and HTTP status.
 
 Every error message is one line a user can act on. Layers raise these; the CLI turns them into
-`error: <message>` + exit code, the server into `{"error": {"code", "message"}}` + status.
+`error: <message>` + exit code, the server into `{"error": {"code", "message"}}` + status, and the
+daemon's client turns that body back into the same error (`from_wire`), so a command fails with
+the same message and exit code whether it ran locally or through the daemon.
+
+`ERRORS` is the table: one row per code, including the codes of error families declared in other
+layers (the daemon's, the merge math's, bitdelta's, eval sets'). A class takes its exit code and
+HTTP status from its row when it is declared, and a class whose code has no row is refused then.
+A code's `family` is the code it specialises: a process that never loaded the class (the CLI does
+not import the server) still maps the code to the family's class with the row's exit code.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    code: str               # stable, machine-readable, on the wire
+    family: str | None      # the code this one specialises
+    exit_code: int          # the CLI's exit status
+    http_status: int        # the daemon's response status
+    where: str              # the class that carries the code
+
+
+_ROWS = (
+    # code                      family             exit HTTP  class
+    ("error",                   None,              1,  500, "zenedge.errors.ZenedgeError"),
+    ("invalid_input",           "error",           2,  400, "zenedge.errors.InvalidInput"),
+    ("config_error",            "invalid_input",   2,  400, "zenedge.errors.ConfigError"),
+    ("invalid_name",            "invalid_input",   2,  400, "zenedge.errors.InvalidName"),
+    ("invalid_adapter",         "invalid_input",   2,  400, "zenedge.errors.InvalidAdapter"),
+    ("context_length_exceeded", "invalid_input",   2,  400, "zenedge.errors.ContextLengthExceeded"),
+    ("payload_too_large",       "invalid_input",   2,  413, "zenedge.errors.PayloadTooLarge"),
+    ("not_found",               "error",           1,  404, "zenedge.errors.NotFound"),
+    ("adapter_not_found",       "not_found",       1,  404, "zenedge.errors.AdapterNotFound"),
+    ("profile_not_found",       "not_found",       1,  404, "zenedge.errors.ProfileNotFound"),
+    ("base_not_found",          "not_found",       1,  404, "zenedge.errors.BaseNotFound"),
+    ("conflict",                "error",           1,  409, "zenedge.errors.Conflict"),
+    ("budget_exceeded",         "conflict",        1,  507, "zenedge.errors.BudgetExceeded"),
+    ("merge_rejected",          "conflict",        1,  409, "zenedge.errors.MergeRejected"),
+    ("digest_mismatch",         "error",           1,  502, "zenedge.errors.DigestMismatch"),
+    ("registry_error",          "error",           1,  502, "zenedge.errors.RegistryError"),
+    ("store_busy",              "error",           75, 503, "zenedge.errors.StoreBusy"),  # EX_TEMPFAIL
+    ("store_corrupt",           "error",           3,  500, "zenedge.errors.StoreCorrupt"),
+    ("unavailable",             "error",           3,  503, "zenedge.errors.Unavailable"),
+    # the daemon (zenedge/server/errors.py)
+    ("not_implemented",         "unavailable",     3,  501, "zenedge.server.errors.NotAvailableYet"),
+    ("queue_full",              "unavailable",     3,  503, "zenedge.server.errors.QueueFull"),
+    ("shutting_down",           "unavailable",     3,  503, "zenedge.server.errors.ShuttingDown"),
+    ("unauthorized",            "error",           1,  401, "zenedge.server.errors.Unauthorized"),
+    ("forbidden",               "error",           1,  403, "zenedge.server.errors.Forbidden"),
+    ("invalid_json",            "invalid_input",   2,  400, "zenedge.server.errors.MalformedJSON"),
+    ("invalid_request",         "invalid_input",   2,  422, "zenedge.server.errors.InvalidRequest"),
+    ("method_not_allowed",      "invalid_input",   2,  405, "zenedge.server.errors.MethodNotAllowed"),
+    ("already_running",         "conflict",        1,  409, "zenedge.server.errors.AlreadyRunning"),
+    # the merge math (zenedge/merge/errors.py)
+    ("non_finite_values",       "invalid_adapter", 2,  400, "zenedge.merge.errors.NonFiniteValues"),
+    ("incompatible_adapters",   "invalid_adapter", 2,  400, "zenedge.merge.errors.IncompatibleAdapters"),
+    ("invalid_merge_option",    "invalid_input",   2,  400, "zenedge.merge.errors.InvalidMergeOption"),
+    ("unknown_merge_method",    "invalid_input",   2,  400, "zenedge.merge.errors.UnknownMergeMethod"),
+    # 1-bit deltas (zenedge/bitdelta/errors.py)
+    ("invalid_bitdelta",        "invalid_input",   2,  400, "zenedge.bitdelta.errors.BitDeltaError"),
+    ("invalid_bitdelta_file",   "invalid_adapter", 2,  400, "zenedge.bitdelta.errors.BitDeltaFormatError"),
+    ("checkpoint_mismatch",     "invalid_bitdelta", 2, 400, "zenedge.bitdelta.errors.CheckpointMismatch"),
+    # eval sets (zenedge/evaluation.py)
+    ("invalid_eval_set",        "invalid_input",   2,  400, "zenedge.evaluation.EvalSetError"),
+)
+ERRORS: dict[str, ErrorKind] = {row[0]: ErrorKind(*row) for row in _ROWS}
+
+_classes: dict[str, type[ZenedgeError]] = {}  # code → the class that introduced it, once declared
+
 
 class ZenedgeError(Exception):
-    """Base class. `code` is a stable machine-readable name used on the wire."""
+    """Base class. `code` is a stable machine-readable name used on the wire; `exit_code` and
+    `http_status` come from the code's row in ERRORS."""
 
     code = "error"
     exit_code = 1
     http_status = 500
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "code" not in vars(cls):
+            return  # a subclass that keeps its parent's code keeps its row too
+        kind = ERRORS.get(cls.code)
+        if kind is None:
+            raise TypeError(f"{cls.__qualname__}: error code {cls.code!r} is not in zenedge.errors.ERRORS")
+        cls.exit_code, cls.http_status = kind.exit_code, kind.http_status
+        _classes.setdefault(cls.code, cls)
 
     def __init__(self, message: str, *, hint: str | None = None):
         super().__init__(message)
@@ -23,12 +102,34 @@ class ZenedgeError(Exception):
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
 
+ZenedgeError.exit_code, ZenedgeError.http_status = ERRORS["error"].exit_code, ERRORS["error"].http_status
+_classes["error"] = ZenedgeError
+
+
+def error_class(code: str) -> type[ZenedgeError]:
+    """The class that carries `code` in this process: its own when its module is loaded, else the
+    nearest family's (every family up to ZenedgeError lives in this module)."""
+    kind = ERRORS.get(code)
+    while kind is not None and kind.code not in _classes:
+        kind = ERRORS.get(kind.family) if kind.family else None
+    return _classes[kind.code] if kind is not None else ZenedgeError
+
+
+def from_wire(code: str, message: str, hint: str | None = None) -> ZenedgeError:
+    """The daemon's `{"error": {"code", "message", "hint"}}` as the error it was: the same code,
+    exit code and HTTP status, as an instance of its class or, where that is not loaded, of its
+    family. An unknown code is a plain ZenedgeError."""
+    error = error_class(code)(message, hint=hint)
+    kind = ERRORS.get(code)
+    if kind is not None and error.code != code:  # a family's class standing in for its member
+        error.code, error.exit_code, error.http_status = kind.code, kind.exit_code, kind.http_status
+    return error
+
+
 class InvalidInput(ZenedgeError):
     """The user gave something we cannot use (a bad name, size, file, request)."""
 
     code = "invalid_input"
-    exit_code = 2
-    http_status = 400
 
 
 class ConfigError(InvalidInput):
@@ -53,12 +154,10 @@ class ContextLengthExceeded(InvalidInput):
 
 class PayloadTooLarge(InvalidInput):
     code = "payload_too_large"
-    http_status = 413
 
 
 class NotFound(ZenedgeError):
     code = "not_found"
-    http_status = 404
 
 
 class AdapterNotFound(NotFound):
@@ -77,14 +176,12 @@ class BaseNotFound(NotFound):
 
 class Conflict(ZenedgeError):
     code = "conflict"
-    http_status = 409
 
 
 class BudgetExceeded(Conflict):
     """Storing something would break the budget invariant; nothing was changed."""
 
     code = "budget_exceeded"
-    http_status = 507
 
 
 class MergeRejected(Conflict):
@@ -93,32 +190,25 @@ class MergeRejected(Conflict):
 
 class DigestMismatch(ZenedgeError):
     code = "digest_mismatch"
-    http_status = 502
 
 
 class RegistryError(ZenedgeError):
     """A registry could not be reached or answered something unusable."""
 
     code = "registry_error"
-    http_status = 502
 
 
 class StoreBusy(ZenedgeError):
     """Another process holds the pool's writer lock for longer than we were willing to wait."""
 
     code = "store_busy"
-    exit_code = 75  # EX_TEMPFAIL: try again later
-    http_status = 503
 
 
 class StoreCorrupt(ZenedgeError):
     code = "store_corrupt"
-    exit_code = 3
 
 
 class Unavailable(ZenedgeError):
     """A capability this machine lacks (a missing package, no GPU for a GPU-only path)."""
 
     code = "unavailable"
-    exit_code = 3
-    http_status = 503

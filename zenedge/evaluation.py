@@ -30,6 +30,8 @@ from zenedge.errors import InvalidInput
 class EvalSetError(InvalidInput):
     """An eval set file or example is malformed (the message names the file and line)."""
 
+    code = "invalid_eval_set"
+
 
 @dataclass(frozen=True)
 class Example:

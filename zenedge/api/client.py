@@ -1,9 +1,9 @@
 """The CLI's client for the daemon: stdlib http.client over an injected transport.
 
 The transport decides where bytes go (a Unix socket, or loopback TCP with a bearer token); the
-client knows the endpoints and turns the wire's `{"error": {"code", ...}}` back into the same
-ZenedgeError subclass the daemon raised, so a command fails with the same message and exit code
-whether it ran locally or through the daemon. Request bodies follow zenedge.api.wire (a test
+client knows the endpoints and turns the wire's `{"error": {"code", ...}}` back into the error the
+daemon raised, through the one error table (zenedge.errors.from_wire), so a command fails with the
+same message and exit code whether it ran locally or through the daemon. Request bodies follow zenedge.api.wire (a test
 validates every body built here against those types).
 """
 
@@ -73,23 +73,13 @@ class TcpTransport:
         return f"http://{self.host_header}"
 
 
-def _error_classes() -> dict[str, type[ZenedgeError]]:
-    found: dict[str, type[ZenedgeError]] = {}
-    pending = [ZenedgeError]
-    while pending:
-        cls = pending.pop()
-        found.setdefault(cls.code, cls)
-        pending.extend(cls.__subclasses__())
-    return found
-
-
 def error_from_wire(status: int, body: Any) -> ZenedgeError:
-    """The daemon's error body → the ZenedgeError subclass with that code (same exit code as a local run)."""
+    """The daemon's error body → the error with that code (same class family and exit code as a local run)."""
     detail = body.get("error") if isinstance(body, dict) else None
     if not isinstance(detail, dict):
         return ZenedgeError(f"the daemon answered HTTP {status}: {str(body)[:200]}")
-    cls = _error_classes().get(str(detail.get("code")), ZenedgeError)
-    return cls(str(detail.get("message") or f"HTTP {status}"), hint=detail.get("hint"))
+    return errors.from_wire(str(detail.get("code")), str(detail.get("message") or f"HTTP {status}"),
+                            hint=detail.get("hint"))
 
 
 class DaemonClient:

@@ -1,5 +1,5 @@
-"""Errors of the bitdelta package: one-line messages, typed like the rest of zenedge
-(zenedge.errors) so the CLI prints `error: …` with exit 2 and the daemon answers 400.
+"""Errors of the bitdelta package: one-line messages, typed like the rest of zenedge (their codes
+are rows of zenedge.errors.ERRORS) so the CLI prints `error: …` with exit 2 and the daemon answers 400.
 
 They stay ValueErrors as well, for callers that treat any bad value alike.
 """
@@ -10,9 +10,13 @@ from zenedge.errors import InvalidAdapter, InvalidInput
 class BitDeltaError(InvalidInput, ValueError):
     """Base of every bitdelta error."""
 
+    code = "invalid_bitdelta"
+
 
 class BitDeltaFormatError(BitDeltaError, InvalidAdapter):
     """A .bitdelta safetensors file is malformed (missing metadata, bad JSON, wrong format name)."""
+
+    code = "invalid_bitdelta_file"
 
 
 class UnknownFormatVersion(BitDeltaFormatError):

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         code = app.main(args=argv, prog_name="zenedge", standalone_mode=False)
         if isinstance(code, int):  # click returns Exit codes instead of raising without standalone mode
             return code
-    except ZenedgeError as exc:
+    except ZenedgeError as exc:  # local or from the daemon: the exit code of its row in errors.ERRORS
         _error(str(exc))
         return exc.exit_code
     except click.exceptions.Exit as exc:

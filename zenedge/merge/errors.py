@@ -2,8 +2,8 @@
 
 The merge math is pure (tensor in, tensor out), so the only things that can go wrong are the
 inputs: a non-finite value, shapes that do not line up, an option out of range, a method name
-nobody registered. Each maps to an existing family in `zenedge.errors`, so the CLI and server
-report them without knowing the merge code exists.
+nobody registered. Each belongs to a family in `zenedge.errors` and its code is a row of
+`zenedge.errors.ERRORS`, so the CLI and server report them without knowing the merge code exists.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The one place where exceptions become HTTP responses.
 
 Every error body is `{"error": {"code", "message", "hint"?}}`. ZenedgeError subclasses carry their
-own `code` and `http_status` (zenedge.errors); the few errors that only exist on the wire are
-declared here, in the same hierarchy. FastAPI's own errors are converted: malformed JSON → 400,
+own `code`, and their `http_status` comes from that code's row in zenedge.errors.ERRORS; the few
+errors that only exist on the wire are declared here, in the same hierarchy and the same table. FastAPI's own errors are converted: malformed JSON → 400,
 schema violations → 422, unknown routes → 404, anything unexpected → 500 with the traceback in
 the daemon's log and never in the response.
 """
@@ -21,7 +21,6 @@ class NotAvailableYet(Unavailable):
     """A feature whose implementation is not installed in this build (e.g. the registry)."""
 
     code = "not_implemented"
-    http_status = 501
 
 
 class QueueFull(Unavailable):
@@ -35,12 +34,10 @@ class ShuttingDown(Unavailable):
 
 class Unauthorized(ZenedgeError):
     code = "unauthorized"
-    http_status = 401
 
 
 class Forbidden(ZenedgeError):
     code = "forbidden"
-    http_status = 403
 
 
 class MalformedJSON(InvalidInput):
@@ -51,12 +48,10 @@ class InvalidRequest(InvalidInput):
     """The body parsed but does not fit the schema."""
 
     code = "invalid_request"
-    http_status = 422
 
 
 class MethodNotAllowed(InvalidInput):
     code = "method_not_allowed"
-    http_status = 405
 
 
 class AlreadyRunning(Conflict):
