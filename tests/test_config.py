@@ -16,16 +16,34 @@ def write(path, text):
 def test_missing_file_means_defaults(tmp_path):
     cfg = config.load(tmp_path / "nope.toml")
     assert cfg.budget == 4 * 2**30
-    assert cfg.get("pool", "max_adapters") == 8
-    assert cfg.get("registry", "urls") == ["embedded"]
+    assert cfg.pool.max_adapters == 8
+    assert cfg.registry.urls == ("embedded",)
 
 
 def test_values_are_parsed(tmp_path):
     path = write(tmp_path / "c.toml", '[pool]\nbudget = "500MB"\nmerge_rank = 16\n[runtime]\npinned = ["writer"]\n')
     cfg = config.load(path)
     assert cfg.budget == 500 * 10**6
-    assert cfg.get("pool", "merge_rank") == 16
-    assert cfg.get("runtime", "pinned") == ["writer"]
+    assert cfg.pool.merge_rank == 16
+    assert cfg.runtime.pinned == ("writer",)
+
+
+def test_settings_are_typed_frozen_and_say_what_changed(tmp_path):
+    path = write(tmp_path / "c.toml", '[pool]\nbudget = "500MB"\n')
+    before = config.load(path)
+    assert isinstance(before.pool, config.PoolSettings) and isinstance(before.server, config.ServerSettings)
+    with pytest.raises(AttributeError):
+        before.pool.budget = 1  # the config in force is never changed in place; a reload replaces it
+    write(path, '[pool]\nbudget = "600MB"\n[runtime]\npinned = ["writer"]\n[server]\nmax_queue = 3\n')
+    assert config.load(path).changes(before) == ["pool.budget", "runtime.pinned", "server.max_queue"]
+    assert before.changes(before) == []
+
+
+def test_the_schema_is_the_settings_fields():
+    for section, settings in config.SECTIONS.items():
+        defaults = settings()
+        for key, spec in config.SCHEMA[section].items():
+            assert getattr(defaults, key) == spec.parse(spec.default) and spec.doc
 
 
 @pytest.mark.parametrize("text,fragment", [

@@ -1,7 +1,10 @@
-"""The TOML config file: schema, validation with file/line/key in every error, and safe edits.
+"""The TOML config file: typed settings, validation with file/line/key in every error, and safe edits.
 
-The schema is data (`SCHEMA`): one entry per key with its parser and default. Unknown keys are
-errors, not silently ignored, because a typo in `budget` must never leave a user with the default.
+Each table of the file is a frozen dataclass (`PoolSettings`, `RuntimeSettings`, `ServerSettings`,
+`RegistrySettings`) whose fields carry their parser, documented default and doc (`setting`);
+`SCHEMA` is read from them. `load` validates once and code reads attributes (`cfg.pool.budget`),
+never string keys. Unknown keys are errors, not silently ignored, because a typo in `budget`
+must never leave a user with the default.
 Edits go through tomlkit so the user's comments and other keys survive, and are written atomically.
 """
 
@@ -12,7 +15,7 @@ import os
 import re
 import tempfile
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -77,10 +80,10 @@ def _string(v: Any) -> str:
     return v
 
 
-def _strings(v: Any) -> list[str]:
+def _strings(v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
         raise InvalidInput(f"expected a list of strings, got {v!r}")
-    return list(v)
+    return tuple(v)  # settings are frozen: a list would let a caller change the config in force
 
 
 def _tcp(v: Any) -> str:
@@ -93,57 +96,78 @@ def _tcp(v: Any) -> str:
 @dataclass(frozen=True)
 class Key:
     parse: Callable[[Any], Any]
-    default: Any
+    default: Any        # as a user would write it in the file
     doc: str
 
 
-# section → key → Key. The defaults are the documented ones (DESIGN.md "Config file").
-SCHEMA: dict[str, dict[str, Key]] = {
-    "pool": {
-        "budget": Key(parse_budget, "4GiB", "storage budget B for adapters and deltas (bases are separate)"),
-        "max_adapters": Key(_int_at_least(1), 8, "slot limit: stored adapters at most"),
-        "quality_threshold": Key(_fraction, 0.7, "minimum retention a merge must keep for every member"),
-        "merge_rank": Key(_merge_rank, "member", '"member" (largest member\'s rank) or a fixed rank cap'),
-        "on_no_merge": Key(_choice("evict", "refuse"), "evict", "when no merge passes the gate"),
-        "slot_threshold": Key(_fraction, 0.0, "K-Merge++: take a free slot only if similarity to all < this (0 = off)"),
-        "maintain_interval": Key(_seconds, 600.0, "seconds between background maintenance runs (0 = off)"),
-    },
-    "runtime": {
-        "device": Key(_choice("auto", "cpu", "cuda"), "auto", "where inference runs"),
-        "dtype": Key(_choice("auto", "float32", "bfloat16", "float16"), "auto", "weights dtype"),
-        "weights": Key(_choice("auto", "full", "int8", "int4"), "auto",
-                       'CPU matmul weights: "full" or weight-only "int8" / "int4" copies'),
-        "cache_budget": Key(_size, "2GiB", "memory for cached variants"),
-        "pinned": Key(_strings, [], "profile names never evicted from the pool or the cache"),
-    },
-    "server": {
-        "socket": Key(_string, "", "Unix socket path (empty: <runtime dir>/zenedge.sock)"),
-        "tcp": Key(_tcp, "", 'optional loopback TCP listener, e.g. "127.0.0.1:11435"'),
-        "cors_origins": Key(_strings, ["tauri://localhost", "http://tauri.localhost", "https://tauri.localhost"],
-                            "origins allowed by CORS"),
-        "max_queue": Key(_int_at_least(1), 64, "queued generation requests before 503"),
-    },
-    "registry": {
-        "urls": Key(_strings, ["embedded"], 'registries in resolution order ("embedded" or http(s) URLs)'),
-    },
-}
+def setting(parse: Callable[[Any], Any], default: Any, doc: str) -> Any:
+    """One key of a section: its parser, its documented default (parsed here), and what it does."""
+    return field(default=parse(default), metadata={"key": Key(parse, default, doc)})
 
 
-@dataclass
+# The defaults are the documented ones (DESIGN.md "Config file").
+@dataclass(frozen=True)
+class PoolSettings:
+    budget: int = setting(parse_budget, "4GiB", "storage budget B for adapters and deltas (bases are separate)")
+    max_adapters: int = setting(_int_at_least(1), 8, "slot limit: stored adapters at most")
+    quality_threshold: float = setting(_fraction, 0.7, "minimum retention a merge must keep for every member")
+    merge_rank: str | int = setting(_merge_rank, "member", '"member" (largest member\'s rank) or a fixed rank cap')
+    on_no_merge: str = setting(_choice("evict", "refuse"), "evict", "when no merge passes the gate")
+    slot_threshold: float = setting(_fraction, 0.0,
+                                    "K-Merge++: take a free slot only if similarity to all < this (0 = off)")
+    maintain_interval: float = setting(_seconds, 600.0, "seconds between background maintenance runs (0 = off)")
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    device: str = setting(_choice("auto", "cpu", "cuda"), "auto", "where inference runs")
+    dtype: str = setting(_choice("auto", "float32", "bfloat16", "float16"), "auto", "weights dtype")
+    weights: str = setting(_choice("auto", "full", "int8", "int4"), "auto",
+                           'CPU matmul weights: "full" or weight-only "int8" / "int4" copies')
+    cache_budget: int = setting(_size, "2GiB", "memory for cached variants")
+    pinned: tuple[str, ...] = setting(_strings, [], "profile names never evicted from the pool or the cache")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    socket: str = setting(_string, "", "Unix socket path (empty: <runtime dir>/zenedge.sock)")
+    tcp: str = setting(_tcp, "", 'optional loopback TCP listener, e.g. "127.0.0.1:11435"')
+    cors_origins: tuple[str, ...] = setting(_strings, ["tauri://localhost", "http://tauri.localhost",
+                                                       "https://tauri.localhost"], "origins allowed by CORS")
+    max_queue: int = setting(_int_at_least(1), 64, "queued generation requests before 503")
+
+
+@dataclass(frozen=True)
+class RegistrySettings:
+    urls: tuple[str, ...] = setting(_strings, ["embedded"],
+                                    'registries in resolution order ("embedded" or http(s) URLs)')
+
+
+SECTIONS: dict[str, type] = {"pool": PoolSettings, "runtime": RuntimeSettings, "server": ServerSettings,
+                             "registry": RegistrySettings}
+# section → key → Key: what validation, the error hints and the docs read.
+SCHEMA: dict[str, dict[str, Key]] = {name: {f.name: f.metadata["key"] for f in fields(section)}
+                                     for name, section in SECTIONS.items()}
+
+
+@dataclass(frozen=True)
 class Config:
-    path: Path
-    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The config in force: one typed, frozen section per table of the file."""
 
-    def get(self, section: str, key: str) -> Any:
-        return self.values[section][key]
+    path: Path
+    pool: PoolSettings = field(default_factory=PoolSettings)
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    registry: RegistrySettings = field(default_factory=RegistrySettings)
 
     @property
     def budget(self) -> int:
-        return self.values["pool"]["budget"]
+        return self.pool.budget
 
-
-def defaults() -> dict[str, dict[str, Any]]:
-    return {s: {k: spec.parse(spec.default) for k, spec in keys.items()} for s, keys in SCHEMA.items()}
+    def changes(self, other: Config) -> list[str]:
+        """The keys ("section.key") whose values differ between `other` and this config."""
+        return [f"{section}.{key}" for section in SECTIONS for key in SCHEMA[section]
+                if getattr(getattr(self, section), key) != getattr(getattr(other, section), key)]
 
 
 def _line_of(text: str, section: str, key: str | None) -> int | None:
@@ -170,9 +194,9 @@ def _where(path: Path, text: str, section: str, key: str | None = None) -> str:
     return f"{path}:{line}: {name}" if line else f"{path}: {name}"
 
 
-def validate(raw: dict[str, Any], path: Path, text: str = "") -> dict[str, dict[str, Any]]:
-    """Check a parsed TOML document against SCHEMA; return the full values with defaults filled in."""
-    values = defaults()
+def validate(raw: dict[str, Any], path: Path, text: str = "") -> Config:
+    """Check a parsed TOML document against SCHEMA; return the config, defaults filled in."""
+    values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     for section, table in raw.items():
         if section not in SCHEMA:
             close = difflib.get_close_matches(section, SCHEMA, n=1)
@@ -190,7 +214,7 @@ def validate(raw: dict[str, Any], path: Path, text: str = "") -> dict[str, dict[
                 values[section][key] = spec.parse(value)
             except InvalidInput as exc:
                 raise ConfigError(f"{_where(path, text, section, key)}: {exc}") from None
-    return values
+    return Config(path, **{section: SECTIONS[section](**keys) for section, keys in values.items()})
 
 
 def load(path: Path | None = None) -> Config:
@@ -199,14 +223,14 @@ def load(path: Path | None = None) -> Config:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return Config(path, defaults())
+        return Config(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}", hint="fix the file or remove it to use the defaults") from None
-    return Config(path, validate(raw, path, text))
+    return validate(raw, path, text)
 
 
 def set_value(section: str, key: str, value: Any, path: Path | None = None) -> Config:

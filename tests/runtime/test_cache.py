@@ -1,4 +1,4 @@
-"""The delta cache: single-flight loads, rate-weighted LRU under a byte budget, pinned names."""
+"""The delta cache: single-flight loads, rate-weighted LRU under a byte budget, pinned variants."""
 
 import threading
 import time
@@ -77,8 +77,8 @@ def test_eviction_prefers_low_request_rate():
     assert cache.used_bytes <= 300
 
 
-def test_pinned_names_and_top_rate_survive():
-    cache = DeltaCache(200, pinned={"writer"}, keep_top=1)
+def test_pinned_variants_and_top_rate_survive():
+    cache = DeltaCache(200, pinned=lambda: {"p"}, keep_top=1)
     cache.get("p", lambda: variant("p"), name="writer")
     for _ in range(3):
         cache.get("top", lambda: variant("top"))
@@ -94,3 +94,20 @@ def test_pinned_names_and_top_rate_survive():
 def test_a_variant_larger_than_the_budget_is_still_served(budget):
     cache = DeltaCache(budget)
     assert cache.get("big", lambda: variant("big", 100)).key == "big"
+
+
+def test_a_profile_pinned_with_zenedge_pin_stays_in_the_engine_cache(store, cfg, imported):
+    """Regression: the delta cache honoured only the config's runtime.pinned, so a variant pinned
+    with `zenedge pin` (the store's column) was evicted from memory like any other."""
+    from tests.conftest import run_cli
+    from zenedge.runtime.engine import Engine
+
+    for seed, name in enumerate(("kept", "busy")):
+        imported(name, seed)
+    run_cli("pin", "kept", check=True)
+    engine = Engine(store, cfg)
+    engine.variant(engine.router.route("kept"))
+    engine.cache.set_budget(engine.cache.used_bytes)  # room for one variant
+    for _ in range(3):
+        engine.variant(engine.router.route("busy"))  # newer and more requested: "kept" would go first
+    assert store.resolve("kept")["id"] in engine.cache and store.resolve("busy")["id"] in engine.cache

@@ -69,7 +69,7 @@ def make_machine(tiny_base_dir: Path):
         def consistent_and_within_budget(self):
             assert self.store.check(budget=self.cfg.budget) == []
             assert self.store.used_bytes() <= self.cfg.budget
-            assert self.store.usage().adapters <= self.cfg.get("pool", "max_adapters")
+            assert self.store.usage().adapters <= self.cfg.pool.max_adapters
 
     return PoolMachine
 

@@ -120,6 +120,16 @@ def test_config_pinned_names_are_never_evicted(store, lora_factory, tmp_path):
     assert [n["name"] for n in store.names()] == ["keep"]
 
 
+def test_pinned_is_the_pin_command_or_the_config_asked_in_one_place(store, lora_factory, tmp_path):
+    cfg = cfg_with(tmp_path, '[runtime]\npinned = ["by-config", "not-pulled"]\n')
+    ids = {name: pool.import_lora(store, cfg, lora_factory(seed=i), name, base="tiny")["adapter_id"]
+           for i, name in enumerate(["by-command", "by-config", "free"])}
+    store.set_pinned("by-command", True)
+    assert store.pinned_ids(cfg.runtime.pinned) == {ids["by-command"], ids["by-config"]}
+    assert [a["id"] for a in store.eviction_order(pinned_names=cfg.runtime.pinned)] == [ids["free"]]
+    # The config's pins are read, not copied into the store: a name taken out of the config is free again.
+    assert store.pinned_ids(cfg_with(tmp_path).runtime.pinned) == {ids["by-command"]}
+
 def test_decayed_rate_orders_by_recency_of_requests(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path)
     old = pool.import_lora(store, cfg, lora_factory(seed=1), "old", base="tiny")["adapter_id"]

@@ -60,7 +60,7 @@ def socket_for(cfg) -> SocketChoice:
     """The socket of the daemon serving this config's home (what the CLI and `serve` both use)."""
     from zenedge import paths
 
-    return choose_socket(cfg.get("server", "socket"), paths.runtime_dir(), paths.home())
+    return choose_socket(cfg.server.socket, paths.runtime_dir(), paths.home())
 
 
 def ensure_private_dir(directory: Path) -> Path:

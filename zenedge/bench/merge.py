@@ -346,6 +346,6 @@ def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3,
     resident = Engine(store, cfg).resident(base["name"])
     return bench(profiles_dir or embedded_root(), store.home / base["dir"], resident, orders=orders,
                  slot_counts=tuple(slot_counts), examples=examples,
-                 thresholds=tuple(thresholds or (cfg.get("pool", "quality_threshold"),)),
+                 thresholds=tuple(thresholds or (cfg.pool.quality_threshold,)),
                  gate_examples=gate_examples, methods=tuple(methods), log=log)
 

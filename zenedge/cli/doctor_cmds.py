@@ -43,9 +43,9 @@ def _checks() -> list[dict]:
         try:
             from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
 
-            device = pick_device(cfg.get("runtime", "device"))
-            dtype = str(pick_dtype(cfg.get("runtime", "dtype"), device)).replace("torch.", "")
-            weights = pick_weights(cfg.get("runtime", "weights"), device)
+            device = pick_device(cfg.runtime.device)
+            dtype = str(pick_dtype(cfg.runtime.dtype, device)).replace("torch.", "")
+            weights = pick_weights(cfg.runtime.weights, device)
             add("runtime", "ok", f"{device.type}, {dtype} activations, {weights} weights")
         except ZenedgeError as exc:
             add("runtime", "fail", str(exc))

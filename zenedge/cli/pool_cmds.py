@@ -23,11 +23,12 @@ def register(app: click.Group) -> None:
         app.add_command(command)
 
 
-def list_entries(store) -> list[dict]:
+def list_entries(store, cfg) -> list[dict]:
+    pinned = store.pinned_ids(cfg.runtime.pinned)  # by `zenedge pin` or by the config
     return [{
         "name": row["name"], "kind": row["kind"], "bytes": row["bytes"], "base": row["base"],
         "served_by": row["adapter_id"][:12], "shared_with": row["sharing"] - 1,
-        "pinned": bool(row["pinned"]), "version": row["version"], "requests": row["request_count"],
+        "pinned": row["adapter_id"] in pinned, "version": row["version"], "requests": row["request_count"],
         "last_used_at": row["last_used_at"],
     } for row in store.names()]
 
@@ -36,8 +37,8 @@ def list_entries(store) -> list[dict]:
 @json_option
 def list_cmd(json_out: bool) -> None:
     """List the profiles in the pool (name, kind, size, the adapter serving it)."""
-    load_config()
-    entries = list_entries(open_store())
+    cfg = load_config()  # first: a broken config changes nothing
+    entries = list_entries(open_store(), cfg)
     if json_out:
         return print_json(entries)
     now = time.time()
@@ -112,7 +113,7 @@ def status_cmd(json_out: bool) -> None:
     status = {
         "budget_bytes": cfg.budget, "used_bytes": usage.used_bytes,
         "free_bytes": max(0, cfg.budget - usage.used_bytes), "by_kind": usage.by_kind,
-        "adapters": usage.adapters, "max_adapters": cfg.get("pool", "max_adapters"),
+        "adapters": usage.adapters, "max_adapters": cfg.pool.max_adapters,
         "names": len(store.names()), "merges": len(store.merges()),
         "partial_downloads": store.partial_downloads(),
         "events": [{k: e[k] for k in ("at", "kind", "name", "detail")} for e in store.events(10)],

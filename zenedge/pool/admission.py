@@ -20,9 +20,10 @@ from zenedge.sizes import format_size
 from zenedge.store import NewAdapter, NewName, Store
 
 
-# Gate at most this many candidates, most similar first: each costs a pass over its members' eval
-# sets, and the issue [J] profile (BENCHMARKS.md) counts how often a later one is the one kept.
-MERGE_CANDIDATES = 2
+# Gate at most this many candidates, most similar first. Two lost quality in `zenedge bench merge`
+# (an arrival whose third candidate would have taken it evicted a profile instead), and a clear
+# refusal costs only 16 examples per member with the sequential gate (BENCHMARKS.md).
+MERGE_CANDIDATES = 3
 
 
 def resolve_base(store: Store, name: str | None, progress: Progress | None = None) -> dict[str, Any]:
@@ -90,7 +91,6 @@ def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str |
         kind="lora", base=base_row["name"], weights=lora.weights, rank=lora.rank,
         target_modules=lora.target_modules, config=lora.config,
         origin=origin or {"source": "import", "path": str(Path(path).resolve())},
-        pinned=name in cfg.get("runtime", "pinned"),
     )
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
                     origin=adapter.origin)
@@ -128,7 +128,6 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
         kind="bitdelta", base=base_row["name"], weights=Path(path), rank=0,
         target_modules=sorted(delta.modules), config={k: v for k, v in delta.metadata.items()},
         origin=origin or {"source": "import", "path": str(Path(path).resolve())},
-        pinned=name in cfg.get("runtime", "pinned"),
     )
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
                     origin=adapter.origin)
@@ -140,7 +139,7 @@ def check_admission(store: Store, cfg: Config, name: str, size: int, kind: str) 
     if size > cfg.budget:
         raise BudgetExceeded(f"{name!r} needs {format_size(size)}, more than the whole "
                              f"{format_size(cfg.budget)} budget", hint="raise it with `zenedge budget set SIZE`")
-    if kind == "lora" or cfg.get("pool", "on_no_merge") == "evict":
+    if kind == "lora" or cfg.pool.on_no_merge == "evict":
         return  # a merge or an eviction can make room; the policy decides after the download
     if store.used_bytes() + size > cfg.budget:
         raise BudgetExceeded(
@@ -177,7 +176,7 @@ def _store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewNam
             merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases)
             if merged:
                 return merged
-        if cfg.get("pool", "on_no_merge") == "refuse":
+        if cfg.pool.on_no_merge == "refuse":
             best = max(attempts, key=lambda a: min(a["retention"].values(), default=0), default=None)
             detail = f"; best merge kept {best['retention']}" if best else "; nothing could be merged"
             raise BudgetExceeded(f"{pressure.message}{detail}; nothing was changed (pool.on_no_merge = \"refuse\")",
@@ -188,7 +187,7 @@ def _store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewNam
 def _commit(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, action: str,
             **extra: Any) -> dict[str, Any]:
     adapter_id = store.put_adapter(adapter, [entry], budget=cfg.budget,
-                                   max_adapters=cfg.get("pool", "max_adapters"), event=event)
+                                   max_adapters=cfg.pool.max_adapters, event=event)
     row = store.adapter(adapter_id)
     return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"],
             "action": action, **extra}
@@ -197,7 +196,7 @@ def _commit(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, even
 def _prefers_merge(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
     """K-Merge++ (`pool.slot_threshold` > 0): with a free slot, still merge when the new adapter is
     similar enough to a stored one. Decided by the merge attempt itself (the gate still applies)."""
-    threshold = cfg.get("pool", "slot_threshold")
+    threshold = cfg.pool.slot_threshold
     kinds = ("bitdelta",) if adapter.kind == "bitdelta" else ("lora", "merged")
     return threshold > 0 and any(a["kind"] in kinds and a["base"] == adapter.base for a in store.adapters())
 
@@ -210,12 +209,12 @@ def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry:
     merger = PoolMerger.for_base(store, cfg, adapter.base, engine, phases)
     incoming = _incoming(adapter, entry)
     candidates = merger.ranked(incoming, adapter.base)[:MERGE_CANDIDATES]
-    slot_threshold = cfg.get("pool", "slot_threshold")
+    slot_threshold = cfg.pool.slot_threshold
     if (candidates and slot_threshold > 0 and candidates[0][1] < slot_threshold and not attempts
             and _has_room(store, cfg, adapter)):
         return None  # K-Merge++: dissimilar to everything and a slot is free: take the slot
     merged = merger.merge_first_kept(incoming, adapter.base, candidates, attempts=attempts, budget=cfg.budget,
-                                     max_adapters=cfg.get("pool", "max_adapters"), newcomer=entry)
+                                     max_adapters=cfg.pool.max_adapters, newcomer=entry)
     if merged is None:
         return None
     adapter_id, attempt = merged
@@ -242,7 +241,7 @@ def _incoming(adapter: NewAdapter, entry: NewName):
 def _has_room(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
     size = adapter.weights.stat().st_size
     return (store.used_bytes() + size <= cfg.budget
-            and store.usage().adapters < cfg.get("pool", "max_adapters"))
+            and store.usage().adapters < cfg.pool.max_adapters)
 
 
 def _evict_until_it_fits(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str,
@@ -254,9 +253,9 @@ def _evict_until_it_fits(store: Store, cfg: Config, adapter: NewAdapter, entry: 
     used = store.used_bytes() - (store.adapter(replacing)["bytes"] if alone else 0)
     count = store.usage().adapters - (1 if alone else 0)
     over_bytes = used + size - cfg.budget
-    over_slots = count + 1 - cfg.get("pool", "max_adapters")
+    over_slots = count + 1 - cfg.pool.max_adapters
     victims = []
-    for victim in store.eviction_order(pinned_names=cfg.get("runtime", "pinned")):
+    for victim in store.eviction_order(pinned_names=cfg.runtime.pinned):
         if over_bytes <= 0 and over_slots <= 0:
             break
         if victim["id"] == replacing:

@@ -34,7 +34,7 @@ def plan_budget(store: Store, cfg: Config, budget: int) -> EvictionPlan:
     """Which adapters `budget set` would evict (rate-weighted LRU, never pinned)."""
     used = store.used_bytes()
     plan = EvictionPlan(budget=budget, used_before=used, used_after=used)
-    for adapter in store.eviction_order(pinned_names=cfg.get("runtime", "pinned")):
+    for adapter in store.eviction_order(pinned_names=cfg.runtime.pinned):
         if plan.used_after <= budget:
             break
         freed = store.freed_by_evicting(adapter["id"])

@@ -27,9 +27,9 @@ def maintain(store: Store, cfg: Config, engine=None, *, verify: bool = True) -> 
         report["merged"] = _merge_until_it_fits(store, cfg, engine)
         plan = enforce_budget(store, cfg)
         report["evicted"] = plan.names
-        over_slots = store.usage().adapters - cfg.get("pool", "max_adapters")
+        over_slots = store.usage().adapters - cfg.pool.max_adapters
         if over_slots > 0:
-            victims = [a["id"] for a in store.eviction_order(pinned_names=cfg.get("runtime", "pinned"))[:over_slots]]
+            victims = [a["id"] for a in store.eviction_order(pinned_names=cfg.runtime.pinned)[:over_slots]]
             report["evicted"] += store.evict(victims, reason="over pool.max_adapters")
     report["problems"] = store.check(budget=cfg.budget)
     return report
@@ -42,7 +42,7 @@ def _remove_corrupt(store: Store) -> list[str]:
 
 
 def _over(store: Store, cfg: Config) -> bool:
-    return store.used_bytes() > cfg.budget or store.usage().adapters > cfg.get("pool", "max_adapters")
+    return store.used_bytes() > cfg.budget or store.usage().adapters > cfg.pool.max_adapters
 
 
 def _merge_until_it_fits(store: Store, cfg: Config, engine) -> list[dict[str, Any]]:
@@ -53,7 +53,7 @@ def _merge_until_it_fits(store: Store, cfg: Config, engine) -> list[dict[str, An
     merges: list[dict[str, Any]] = []
     tried: set[str] = set()
     while _over(store, cfg):
-        order = [a for a in store.eviction_order(pinned_names=cfg.get("runtime", "pinned"))
+        order = [a for a in store.eviction_order(pinned_names=cfg.runtime.pinned)
                  if a["kind"] == "lora" and a["id"] not in tried and len(store.names_of(a["id"])) == 1]
         if not order:
             break

@@ -37,7 +37,7 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
                 key=lambda d: torch.finfo(d).bits)
     members = [merger.member(name, merger.variant(adapter_id, factors), rows[adapter_id]["kind"] == "lora")
                for adapter_id, factors in zip(rows, adapters) for name in store.names_of(adapter_id)]
-    threshold = cfg.get("pool", "quality_threshold")
+    threshold = cfg.pool.quality_threshold
     gate = merger.gate.check(members, merger.variant("manual-merge", round_to(result.adapter, dtype)), threshold, phases,
                              stop_at_failure=not force)
     retention = {m.name: round(m.retention, 4) for m in gate.measurements}

@@ -76,7 +76,7 @@ class Attempt:
 
 
 def rank_cap(cfg: Config, *adapters: dict[str, LoraFactors]) -> int:
-    setting = cfg.get("pool", "merge_rank")
+    setting = cfg.pool.merge_rank
     if setting == "member":
         return max(f.rank for a in adapters for f in a.values())
     return int(setting)
@@ -108,9 +108,9 @@ class PoolMerger:
 
     def candidates(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
         """Stored LoRA/merged adapters of `base`, most similar first (pinned ones excluded)."""
-        pinned = {self.store.name(n)["adapter_id"] for n in self.cfg.get("runtime", "pinned") if self.store.name(n)}
+        pinned = self.store.pinned_ids(self.cfg.runtime.pinned)
         rows = {a["id"]: a for a in self.store.adapters()
-                if a["kind"] in MERGEABLE and a["base"] == base and not a["pinned"] and a["id"] not in pinned}
+                if a["kind"] in MERGEABLE and a["base"] == base and a["id"] not in pinned}
         with self.phases.phase("rank", f"ranking {len(rows)} stored adapters by similarity to {incoming.name}",
                                stored=len(rows)):
             pool = {key: self.factors(row) for key, row in rows.items()}
@@ -134,7 +134,7 @@ class PoolMerger:
         # Stored in the candidate's dtype (bf16 profiles stay bf16: the merge takes the slot's bytes,
         # not twice them), and gated as stored.
         dtype = stored_dtype(self.store.blob_path(candidate["sha256"]))
-        attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.get("pool", "quality_threshold"), state,
+        attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.pool.quality_threshold, state,
                           dtype=dtype)
         own = self.variant(candidate["id"], stored)
         return self._gate(attempt, candidate, own, self.variant("candidate-merge", round_to(state.merged, dtype)),
@@ -144,8 +144,8 @@ class PoolMerger:
         from zenedge.bitdelta.fileformat import load_bitdelta
         from zenedge.bitdelta.merge import delta_cosine
 
-        rows = [a for a in self.store.adapters() if a["kind"] == "bitdelta" and a["base"] == base and not a["pinned"]
-                and not set(self.store.names_of(a["id"])) & set(self.cfg.get("runtime", "pinned"))]
+        pinned = self.store.pinned_ids(self.cfg.runtime.pinned)
+        rows = [a for a in self.store.adapters() if a["kind"] == "bitdelta" and a["base"] == base and a["id"] not in pinned]
         with self.phases.phase("rank", f"ranking {len(rows)} stored deltas by similarity to {incoming.name}",
                                stored=len(rows)):
             new = load_bitdelta(incoming.delta_path).modules
@@ -164,7 +164,7 @@ class PoolMerger:
         into = self._label(candidate)
         with self.phases.phase("fold", f"merging {incoming.name} into {into}", candidate=into):
             state = merge_bitdelta_files(stored, candidate.get("state") or {}, incoming.delta_path, out, OPCM_ALPHA)
-        attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.get("pool", "quality_threshold"), state,
+        attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.pool.quality_threshold, state,
                           merged_path=out)
         device = self.resident.device
         return self._gate(attempt, candidate, load_variant(candidate["id"], stored, device),

@@ -36,7 +36,7 @@ class Resolved:
 def search(cfg: Config, text: str = "") -> list[dict[str, Any]]:
     """Profiles the configured registries offer (newest version of each name, first registry wins)."""
     seen: dict[str, dict[str, Any]] = {}
-    for url in cfg.get("registry", "urls"):
+    for url in cfg.registry.urls:
         for entry in _index(url):
             if text and text.lower() not in f"{entry.name} {entry.description}".lower():
                 continue
@@ -57,7 +57,7 @@ def resolve(cfg: Config, reference: str) -> Resolved:
     name, version = split_reference(reference)
     known: set[str] = set()
     errors = []
-    for url in cfg.get("registry", "urls"):
+    for url in cfg.registry.urls:
         try:
             source = open_source(url)
             entries = source.index()
@@ -77,7 +77,7 @@ def resolve(cfg: Config, reference: str) -> Resolved:
     close = difflib.get_close_matches(name, sorted(known), n=3)
     hint = f"did you mean {', '.join(close)}?" if close else "see `zenedge search`"
     what = f"{name}:{version}" if version else name
-    raise ProfileNotFound(f"no profile {what!r} in the registries ({', '.join(cfg.get('registry', 'urls'))})",
+    raise ProfileNotFound(f"no profile {what!r} in the registries ({', '.join(cfg.registry.urls)})",
                           hint=hint)
 
 

@@ -1,8 +1,9 @@
 """The delta cache: variants held in device memory (host memory on CPU) under a byte budget.
 
 Eviction is request-rate-weighted LRU: each entry's rate is an exponentially decayed request
-count; the lowest rate goes first (least recent breaks ties). Pinned names and the top-N by rate
-are never evicted. Loads are single-flight: N concurrent requests for an uncached variant cause
+count; the lowest rate goes first (least recent breaks ties). Pinned variants (the keys `pinned()`
+returns: the engine asks the store, the one place that knows) and the top-N by rate are never
+evicted. Loads are single-flight: N concurrent requests for an uncached variant cause
 exactly one load; the others wait for it.
 """
 
@@ -12,7 +13,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Collection
 
 from zenedge.runtime.variants import Variant
 
@@ -35,10 +36,10 @@ class Entry:
 
 
 class DeltaCache:
-    def __init__(self, budget_bytes: int, pinned: set[str] = frozenset(), keep_top: int = 1,
+    def __init__(self, budget_bytes: int, pinned: Callable[[], Collection[str]] = frozenset, keep_top: int = 1,
                  clock: Callable[[], float] = time.monotonic):
         self.budget = budget_bytes
-        self.pinned_names = set(pinned)
+        self.pinned = pinned    # asked only when something must go: pins can change while serving
         self.keep_top = keep_top
         self.clock = clock
         self._entries: dict[str, Entry] = {}
@@ -100,7 +101,7 @@ class DeltaCache:
             return
         by_rate = sorted(self._entries, key=lambda k: self._entries[k].rate_now(now), reverse=True)
         keep = {protect} | set(by_rate[: self.keep_top])
-        keep |= {k for k, e in self._entries.items() if e.names & self.pinned_names}
+        keep |= set(self.pinned()) & set(self._entries)
         order = sorted((k for k in self._entries if k not in keep),
                        key=lambda k: (self._entries[k].rate_now(now), self._entries[k].last_used))
         for key in order:
@@ -114,11 +115,9 @@ class DeltaCache:
         with self._lock:
             self._entries.pop(key, None)
 
-    def set_budget(self, budget_bytes: int, pinned: set[str] | None = None) -> None:
+    def set_budget(self, budget_bytes: int) -> None:
         with self._lock:
             self.budget = budget_bytes
-            if pinned is not None:
-                self.pinned_names = set(pinned)
             self._evict(protect="")
 
     def snapshot(self) -> list[dict]:

@@ -49,15 +49,19 @@ class Engine:
     def __init__(self, store: Store, cfg: Config, progress: Callable[[str], None] | None = None):
         self.store = store
         self.cfg = cfg
-        self.device = pick_device(cfg.get("runtime", "device"))
-        self.dtype = pick_dtype(cfg.get("runtime", "dtype"), self.device)
-        self.weights = pick_weights(cfg.get("runtime", "weights"), self.device)
-        self.cache = DeltaCache(cfg.get("runtime", "cache_budget"), set(cfg.get("runtime", "pinned")))
+        self.device = pick_device(cfg.runtime.device)
+        self.dtype = pick_dtype(cfg.runtime.dtype, self.device)
+        self.weights = pick_weights(cfg.runtime.weights, self.device)
+        self.cache = DeltaCache(cfg.runtime.cache_budget, pinned=self.pinned_ids)
         self.dense = DenseBitDeltas(self.cache)
         self.router = Router(store)
         self.progress = progress
         self._residents: dict[str, ResidentModel] = {}
         self._resident_lock = threading.Lock()
+
+    def pinned_ids(self) -> set[str]:
+        """Adapters the cache must keep: the store's answer, with the config in force (reloads included)."""
+        return self.store.pinned_ids(self.cfg.runtime.pinned)
 
     # -- loading -------------------------------------------------------------------------------
     def resident(self, base: str) -> ResidentModel:

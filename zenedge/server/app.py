@@ -36,5 +36,5 @@ def create_app(state: DaemonState, background: Background) -> FastAPI:
     if settings.tcp and settings.allow_remote:  # a remote client names the address it reached
         host = settings.tcp[0]
         extra_hosts = [f"[{host}]" if ":" in host else host]
-    app.add_middleware(LocalOnly, origins=lambda: state.cfg.get("server", "cors_origins"), extra_hosts=extra_hosts)
+    app.add_middleware(LocalOnly, origins=lambda: state.cfg.server.cors_origins, extra_hosts=extra_hosts)
     return app

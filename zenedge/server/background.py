@@ -58,19 +58,19 @@ class Background:
             available = True
         except NotAvailableYet:
             available = False
-        return {"available": available, "interval_seconds": self.state.cfg.get("pool", "maintain_interval"),
+        return {"available": available, "interval_seconds": self.state.cfg.pool.maintain_interval,
                 "running": self.running, "last_run_at": self.last_run_at, "last_result": self.last_result,
                 "last_error": self.last_error, "config_reloads": self.reloads}
 
     async def run(self) -> None:
         """The background loop (cancelled at shutdown)."""
-        next_run = time.monotonic() + self.state.cfg.get("pool", "maintain_interval")
+        next_run = time.monotonic() + self.state.cfg.pool.maintain_interval
         poll = self.state.settings.config_poll_seconds  # 0: no watching, SIGHUP only
         while True:
             await asyncio.sleep(poll if poll > 0 else 1.0)
             if poll > 0 and _signature(self.path) != self.seen:
                 await self.reload()
-            interval = self.state.cfg.get("pool", "maintain_interval")
+            interval = self.state.cfg.pool.maintain_interval
             if interval > 0 and time.monotonic() >= next_run and not self.running:
                 next_run = time.monotonic() + interval
                 try:

@@ -99,7 +99,7 @@ class Daemon:
         settings = self.settings
         store = Store(settings.home)
         engine = Engine(store, self.cfg, progress=lambda message: log.info("base: %s", message))
-        scheduler = Scheduler(engine, max_queue=self.cfg.get("server", "max_queue"), max_batch=settings.max_batch)
+        scheduler = Scheduler(engine, max_queue=self.cfg.server.max_queue, max_batch=settings.max_batch)
         self.state = state = DaemonState(settings, self.cfg, store, engine, scheduler)
         background = Background(state)
         app = create_app(state, background)

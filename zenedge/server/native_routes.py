@@ -167,9 +167,10 @@ async def _streamed_pull(state: DaemonState, pull_fn, name: str, error_line):
 
 
 def _entries(state: DaemonState) -> list[dict]:
+    pinned = state.store.pinned_ids(state.cfg.runtime.pinned)  # by `zenedge pin` or by the config
     return [{
         "name": row["name"], "kind": row["kind"], "bytes": row["bytes"], "base": row["base"],
-        "served_by": row["adapter_id"][:12], "shared_with": row["sharing"] - 1, "pinned": bool(row["pinned"]),
+        "served_by": row["adapter_id"][:12], "shared_with": row["sharing"] - 1, "pinned": row["adapter_id"] in pinned,
         "version": row["version"] or "", "requests": row["request_count"], "last_used_at": row["last_used_at"],
     } for row in state.store.names()]
 
@@ -184,6 +185,6 @@ def _budget_status(state: DaemonState) -> dict:
 def _pool_status(state: DaemonState) -> dict:
     status = _budget_status(state)
     del status["bases_bytes"], status["config"]
-    return {**status, "max_adapters": state.cfg.get("pool", "max_adapters"), "names": len(state.store.names()),
+    return {**status, "max_adapters": state.cfg.pool.max_adapters, "names": len(state.store.names()),
             "merges": len(state.store.merges()),
             "events": [{k: e[k] for k in ("at", "kind", "name", "detail")} for e in state.store.events(10)]}

@@ -85,9 +85,9 @@ def load_or_create_token(home: Path) -> tuple[str, str]:
 def resolve(cfg: Config, *, socket: str | None = None, tcp: str | None = None, allow_remote: bool = False,
             grace_seconds: float = 10.0, config_poll_seconds: float = 2.0) -> Settings:
     home = paths.home()
-    configured = socket if socket is not None else cfg.get("server", "socket")
+    configured = socket if socket is not None else cfg.server.socket
     choice = discovery.choose_socket(configured, paths.runtime_dir(), home)
-    tcp_value = tcp if tcp is not None else cfg.get("server", "tcp")
+    tcp_value = tcp if tcp is not None else cfg.server.tcp
     address = parse_tcp(tcp_value) if tcp_value else None
     if address and not is_loopback(address[0]) and not allow_remote:
         raise InvalidInput(f"{address[0]} is not a loopback address: listening there exposes the daemon to "

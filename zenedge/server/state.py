@@ -59,11 +59,9 @@ class DaemonState:
         """Put a re-read config in force without a restart; return what changed."""
         old, self.cfg = self.cfg, cfg
         self.engine.cfg = cfg
-        changed = [f"{section}.{key}" for section, keys in cfg.values.items() for key, value in keys.items()
-                   if old.values.get(section, {}).get(key) != value]
-        runtime = cfg.values["runtime"]
-        self.engine.cache.set_budget(runtime["cache_budget"], set(runtime["pinned"]))
-        self.scheduler.max_queue = cfg.get("server", "max_queue")
+        changed = cfg.changes(old)
+        self.engine.cache.set_budget(cfg.runtime.cache_budget)  # pins: the engine reads them from cfg
+        self.scheduler.max_queue = cfg.server.max_queue
         if {"pool.budget", "runtime.pinned"} & set(changed):
             try:
                 plan = enforce_budget(self.store, cfg)

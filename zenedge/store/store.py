@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from zenedge.errors import AdapterNotFound, BudgetExceeded, InvalidInput, StoreBusy
 from zenedge.names import check_name
@@ -57,7 +57,6 @@ class NewAdapter:
     config: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     origin: dict[str, Any] = field(default_factory=dict)
-    pinned: bool = False
 
 
 @dataclass
@@ -278,7 +277,7 @@ class Store:
                         "sha256": digest, "config": json.dumps(adapter.config),
                         "state": json.dumps(adapter.state), "created_at": now, "last_used_at": now,
                         "request_count": 0, "request_rate": 0.0, "rate_at": now,
-                        "pinned": int(adapter.pinned), "origin": json.dumps(adapter.origin),
+                        "pinned": 0, "origin": json.dumps(adapter.origin),  # pins: set_pinned only
                     })
                 for n in names:
                     eval_digest = None
@@ -374,11 +373,24 @@ class Store:
                 """UPDATE adapters SET request_count = request_count + ?, request_rate = ?, rate_at = ?,
                    last_used_at = ? WHERE id = ?""", [count, rate, now, now, adapter_id])
 
-    def eviction_order(self, now: float | None = None, pinned_names: list[str] = ()) -> list[dict[str, Any]]:
-        """Unpinned adapters, least valuable first: lowest decayed request rate, then least recent."""
+    def pinned_ids(self, pinned_names: Iterable[str] = ()) -> set[str]:
+        """The one answer to "is it pinned" (eviction, merging, the runtime's delta cache and listings
+        all ask here): adapters pinned with `zenedge pin` (their column), and adapters serving a
+        name the config pins (`runtime.pinned`, passed in: the store does not read the config)."""
+        pinned = {r[0] for r in self.conn.execute("SELECT id FROM adapters WHERE pinned = 1").fetchall()}
+        names = list(pinned_names)
+        if names:
+            marks = ", ".join("?" * len(names))
+            pinned |= {r[0] for r in self.conn.execute(
+                f"SELECT adapter_id FROM names WHERE name IN ({marks})", names).fetchall()}
+        return pinned
+
+    def eviction_order(self, now: float | None = None, pinned_names: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """Unpinned adapters (`pinned_ids`), least valuable first: lowest decayed request rate, then
+        least recent."""
         now = time.time() if now is None else now
-        pinned_by_config = {self.name(n)["adapter_id"] for n in pinned_names if self.name(n)}
-        candidates = [a for a in self.adapters() if not a["pinned"] and a["id"] not in pinned_by_config]
+        pinned = self.pinned_ids(pinned_names)
+        candidates = [a for a in self.adapters() if a["id"] not in pinned]
         return sorted(candidates, key=lambda a: (decayed_rate(a["request_rate"], a["rate_at"], now),
                                                  a["last_used_at"], a["created_at"]))
 
