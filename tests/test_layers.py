@@ -1,7 +1,10 @@
 """Imports point one way (STYLE.md): config/errors → store, formats, math, kernels → registry,
-runtime → pool → server → CLI. Checked on the source, lazy imports inside functions included."""
+runtime → pool → server → CLI, and no module imports itself back through others. Checked on the
+source: lazy imports inside functions count, and so do modules named by string to
+`importlib.import_module` or the daemon's `optional()`."""
 
 import ast
+from functools import cache
 
 import pytest
 
@@ -17,6 +20,14 @@ LAYERS = {
     "zenedge.server": 5, "zenedge.bench": 5,
     "zenedge.cli": 6, "zenedge.__main__": 6, "zenedge.bench.__main__": 6,  # entry points
 }
+# Calls whose first argument names a module that is then imported.
+IMPORTING_CALLS = {"import_module", "optional", "__import__"}
+# Cycles known and owned by another change, each to be deleted with the change that breaks it
+# (the test fails if a listed cycle is gone, so this list cannot go stale).
+KNOWN_CYCLES = [
+    # issue [M] part B: the weight format becomes a leaf (quantisation only)
+    {"zenedge.runtime.cpu_weights", "zenedge.runtime.layers"},
+]
 
 
 def layer_of(module: str) -> int | None:
@@ -30,34 +41,117 @@ def layer_of(module: str) -> int | None:
     return best[1] if best else None
 
 
-def modules():
+@cache
+def modules() -> dict:
+    found = {}
     for path in sorted((REPO / "zenedge").rglob("*.py")):
         name = "zenedge." + ".".join(path.relative_to(REPO / "zenedge").with_suffix("").parts)
-        yield name.removesuffix(".__init__"), path
+        found[name.removesuffix(".__init__")] = path
     for path in sorted((REPO / "kernels").glob("*.py")):
-        yield "zenedge.kernels." + path.stem, path
+        found[("zenedge.kernels." + path.stem).removesuffix(".__init__")] = path
+    return found
 
 
 def imports(path, package):
+    """Every module the file imports. `from a import b` imports a.b when b is a module, else a."""
+    known = modules()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the package
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                yield ".".join(base + ([node.module] if node.module else []))
-            elif node.module:
-                yield node.module
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            for alias in node.names:
+                yield f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called in IMPORTING_CALLS:
+                yield node.args[0].value
 
 
-@pytest.mark.parametrize("module,path", list(modules()), ids=lambda v: str(v).rsplit("/", 1)[-1])
-def test_imports_point_down(module, path):
+def package_of(module: str, path) -> str:
+    return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+
+
+@cache
+def graph() -> dict[str, set[str]]:
+    """zenedge module → the zenedge modules it imports (anywhere in the file)."""
+    known = modules()
+    return {module: {t for t in imports(path, package_of(module, path)) if t in known and t != module}
+            for module, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], [0]
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+@pytest.mark.parametrize("module", list(modules()), ids=lambda v: v.removeprefix("zenedge."))
+def test_imports_point_down(module):
+    path = modules()[module]
     own = layer_of(module)
     assert own is not None, f"{module} has no layer in tests/test_layers.py"
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    for target in imports(path, package):
+    for target in imports(path, package_of(module, path)):
         layer = layer_of(target) if target.startswith("zenedge") else None
         assert layer is None or layer <= own, f"{module} (layer {own}) imports {target} (layer {layer})"
+
+
+def test_no_module_imports_itself_back():
+    found = cycles(graph())
+    unexpected = [sorted(c) for c in found if c not in KNOWN_CYCLES]
+    assert unexpected == [], f"import cycles: {unexpected}"
+    gone = [sorted(c) for c in KNOWN_CYCLES if c not in found]
+    assert gone == [], f"these cycles are gone: delete them from KNOWN_CYCLES: {gone}"
+
+
+def test_the_cycle_check_sees_lazy_and_string_imports():
+    """The checker itself: a cycle closed by a lazy import, `importlib.import_module(...)` or
+    `optional(...)` is found; an import from a package's submodule is an edge to that submodule."""
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [{"a", "b", "c"}]
+    background = graph()["zenedge.server.background"]
+    assert "zenedge.pool.maintain" in background  # optional("zenedge.pool.maintain", ...)
+    assert "zenedge.pool.budget" in graph()["zenedge.server.native_routes"]  # from zenedge.pool.budget import ...
+    assert "zenedge.pool" in graph()["zenedge.cli.budget_cmds"]  # lazy, inside the command
 
 
 @pytest.mark.parametrize("package", ["zenedge.store", "zenedge.adapters.safetensors_file",
@@ -69,3 +163,13 @@ def test_torch_free_layers(package):
     for path in paths:
         heavy = {t.split(".")[0] for t in imports(path, package)} & {"torch", "transformers", "peft", "triton"}
         assert not heavy, f"{path.relative_to(REPO)} imports {heavy}"
+
+
+def test_the_pool_package_imports_without_torch():
+    """`import zenedge.pool` is what pull, search and budget commands pay: the merger and the gate
+    (torch) load only when a merge is tried."""
+    import subprocess
+    import sys
+
+    code = "import sys, zenedge.pool; print(' '.join(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == ""

@@ -2,9 +2,9 @@
 
 Every error body is `{"error": {"code", "message", "hint"?}}`. ZenedgeError subclasses carry their
 own `code`, and their `http_status` comes from that code's row in zenedge.errors.ERRORS; the few
-errors that only exist on the wire are declared here, in the same hierarchy and the same table. FastAPI's own errors are converted: malformed JSON → 400,
-schema violations → 422, unknown routes → 404, anything unexpected → 500 with the traceback in
-the daemon's log and never in the response.
+errors that only exist on the wire are declared here, in the same hierarchy and the same table.
+FastAPI's own errors are converted: malformed JSON → 400, schema violations → 422, unknown routes
+→ 404, anything unexpected → 500 with the traceback in the daemon's log and never in the response.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ class MethodNotAllowed(InvalidInput):
 
 class AlreadyRunning(Conflict):
     code = "already_running"
+
+
+class ClientGone(Exception):
+    """The client disconnected; nobody is left to answer (not an error anyone reads: no code)."""
 
 
 def payload(exc: ZenedgeError) -> dict[str, Any]:
@@ -117,8 +121,6 @@ def _describe_validation(errors: list[dict[str, Any]]) -> str:
 def install(app) -> None:
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
-
-    from zenedge.server.streaming import ClientGone
 
     async def on_zenedge_error(request, exc: ZenedgeError):
         return response(exc)

@@ -89,7 +89,7 @@ class OllamaRoute(APIRoute):
                 if exc.status_code != 400:
                     raise
                 return error_response(errors.unparsable_body(exc.__cause__))  # FastAPI's own parse failure
-            except streaming.ClientGone:
+            except errors.ClientGone:
                 raise
             except Exception as exc:
                 return error_response(exc)
@@ -352,7 +352,7 @@ async def _lines(job: Job, timings: Timings, framing: Framing) -> AsyncIterator[
                 yield streaming.ndjson(framing.line(delta.text))
             reason = delta.finish_reason or reason
         yield streaming.ndjson(framing.line("", done=True, done_reason=reason, **timings.stats()))
-    except streaming.ClientGone:
+    except errors.ClientGone:
         return
     except Exception as exc:
         yield streaming.ndjson(error_line(exc))

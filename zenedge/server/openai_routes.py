@@ -187,7 +187,7 @@ async def _stream(job: Job, prompt_tokens: int, include_usage: bool,
                 yield streaming.sse(framing.end(delta.finish_reason))
         if include_usage:
             yield streaming.sse(framing.usage(usage(prompt_tokens, tokens)))
-    except streaming.ClientGone:
+    except errors.ClientGone:
         return
     except Exception as exc:
         yield streaming.sse(errors.stream_payload(exc))

@@ -18,11 +18,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from zenedge.runtime.generate import Delta
+from zenedge.server.errors import ClientGone
 from zenedge.server.scheduler import Job
-
-
-class ClientGone(Exception):
-    """The client disconnected; nobody is left to answer."""
 
 
 @dataclass
