@@ -40,3 +40,40 @@ def test_the_c_kernels_sources_ship_with_the_package():
     patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["zenedge.kernels"]
     for source in native.SOURCES:
         assert source.exists() and any(fnmatch(source.name, pattern) for pattern in patterns), source.name
+
+
+# Imported name → the distribution that provides it, where they differ; and what comes with a
+# declared distribution (FastAPI is built on Starlette and pydantic and pins their versions).
+DISTRIBUTION = {"sqlite_utils": "sqlite-utils"}
+BUNDLED = {"starlette": "fastapi", "pydantic": "fastapi"}
+
+
+def imported_distributions() -> set[str]:
+    import ast
+
+    names = set()
+    for path in [*(REPO / "zenedge").rglob("*.py"), *(REPO / "kernels").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+    third_party = names - set(sys.stdlib_module_names) - {"zenedge", "kernels"}
+    return {BUNDLED.get(name, DISTRIBUTION.get(name, name)) for name in third_party}
+
+
+def test_the_declared_dependencies_are_the_imported_ones():
+    """Regression: click (the CLI) was used but not declared, and typer was declared but never used."""
+    import re
+
+    declared = {re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0].lower()
+                for spec in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    imported = imported_distributions()
+    assert imported - declared == set(), f"imported but not declared: {imported - declared}"
+    assert declared - imported == set(), f"declared but never imported: {declared - imported}"
+
+
+def test_requires_python_allows_only_versions_with_tomllib():
+    """zenedge/config.py reads TOML with the standard library's tomllib, new in Python 3.11."""
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == ">=3.11"
