@@ -4,6 +4,7 @@ ZENEDGE_HOME    the pool (blobs, index, bases)     default: platformdirs user da
 ZENEDGE_CONFIG  the TOML config file               default: platformdirs user config dir/config.toml
 ZENEDGE_TOKEN   bearer token for the TCP listener  default: a generated 0600 file in the home
 ZENEDGE_NATIVE_KERNELS  0 turns off the C kernels for the CPU (kernels/native.py)  default: on
+ZENEDGE_LLAMA_BENCH     a built llama.cpp `llama-bench`, a peer row in `zenedge bench run`  default: none
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def kernel_cache() -> Path:
 
 def native_kernels_enabled() -> bool:
     return os.environ.get("ZENEDGE_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def llama_bench() -> Path | None:
+    """llama.cpp's `llama-bench` for `zenedge bench run` (`--llama-bench` wins over it)."""
+    value = os.environ.get("ZENEDGE_LLAMA_BENCH", "").strip()
+    return Path(value).expanduser() if value else None
 
 
 def runtime_dir() -> Path:

@@ -5,7 +5,9 @@ variant, a BitDelta variant (hot: dense weights; cold: the packed path) and a mi
 variants, plus the reference loop (transformers' DynamicCache). Every row is timed once per round
 and the rounds interleave the rows, so a neighbour's load spike hits all rows alike; medians are
 reported. Besides tokens/s: cached variant switch and cold load times, bytes read per step, and
-the copy bandwidth measured in the same run (the bound decode tokens/s are compared with).
+the copy bandwidth measured in the same run (the bound decode tokens/s are compared with). Given a
+built llama.cpp `llama-bench` (zenedge/bench/peers.py), its decode of the same GGUF runs in every
+round right after zenedge's default-precision base row, at the same thread count.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Options:
     threads: int | None = None
     base_dir: Path | None = None
     switches: int = 200
+    llama_bench: Path | None = None     # else ZENEDGE_LLAMA_BENCH, else no llama.cpp rows
 
 
 @dataclass
@@ -54,6 +57,16 @@ class Case:
     run: Callable[[], Timing] = field(repr=False)
     bytes_per_step: int = 0
     timings: list[Timing] = field(default_factory=list, repr=False)
+
+    def warm_up(self) -> None:
+        self.run()
+
+    def measure(self) -> None:
+        self.timings.append(self.run())
+
+    def decode_rates(self, tokens: int) -> list[float]:
+        """tokens/s of each round's decode steps (the first token comes from the prefill)."""
+        return [self.rows * max(tokens - 1, 1) / t.decode_wall for t in self.timings]
 
 
 def _progress(message: str) -> None:
@@ -239,6 +252,10 @@ def default_precision() -> str:
 
 
 def run_bench(options: Options, progress=_progress) -> dict:
+    from zenedge.bench import peers
+
+    llama_bench = peers.locate(options.llama_bench)      # a broken one fails now, not after the loads
+
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -323,24 +340,51 @@ def run_bench(options: Options, progress=_progress) -> dict:
         ]
         cases += [Case("zenedge", "zenedge", label, 1, "base", zenedge_case(endless[label], one(None)),
                        bytes_for(label, [None])) for label in setups if label != dd]
+        base_case = next(c for c in cases if c.engine == "zenedge" and c.dtype == dd and c.variant == "base")
+        peer_rows, result["peers_skipped"] = _peers(llama_bench, options, n, kv, w, progress)
+        at = cases.index(base_case) + 1
+        schedule = cases[:at] + peer_rows + cases[at:]        # llama.cpp right beside zenedge's base
         progress("matrix-vector products over a whole model's weights, per precision")
         result["gemv"] = gemv_speeds(residents, options.repeats)
         progress("copy bandwidth")
         result["copy_bandwidth_bytes_per_s"] = bandwidth.copy_bandwidth()
-        for case in cases:                                   # warm-up: allocators, caches, first-call costs
-            case.run()
+        for item in schedule:                                # warm-up: allocators, caches, first-call costs
+            item.warm_up()
         for round_ in range(options.repeats):
             progress(f"round {round_ + 1}/{options.repeats}")
-            for case in cases:
-                case.timings.append(case.run())
+            for item in schedule:
+                item.measure()
         copy_after = bandwidth.copy_bandwidth()
-        result["copy_bandwidth_bytes_per_s"] = statistics.median([result["copy_bandwidth_bytes_per_s"], copy_after])
-        result["rows"] = [_summarise(c, len(prompt), n, result["copy_bandwidth_bytes_per_s"]) for c in cases]
+        copy_bw = result["copy_bandwidth_bytes_per_s"] = statistics.median([result["copy_bandwidth_bytes_per_s"], copy_after])
+        result["rows"] = [_summarise(c, len(prompt), n, copy_bw) for c in cases]
+        result["peers"] = [peers.summarise(p, base_case.decode_rates(n), copy_bw) for p in peer_rows]
         return result
     finally:
         work.cleanup()
         if scratch is not None:
             scratch.cleanup()
+
+
+def _peers(llama_bench: Path | None, options: Options, tokens: int, kv: dict, workdir: Path, progress):
+    """llama.cpp's rows (peers.Peer), or none and the note saying why."""
+    import torch
+
+    from zenedge import bases
+    from zenedge.bench import peers
+    from zenedge.errors import BaseNotFound
+
+    if llama_bench is None:
+        return [], peers.SKIPPED
+    if options.base_dir is not None:
+        return [], "llama.cpp: skipped, --base-dir is not the model of the embedded GGUF"
+    try:
+        gguf = bases.default_base_gguf()
+    except BaseNotFound as exc:
+        return [], f"llama.cpp: skipped, {exc}"
+    progress(f"llama.cpp: {llama_bench} on {gguf.name}")
+    # llama.cpp's KV cache is fp16; its decode steps attend to 1..tokens positions.
+    kv_step = round(kv["float32"] // 2 * (tokens + 1) / 2)
+    return peers.prepare(llama_bench, gguf, torch.get_num_threads(), tokens, kv_step, workdir, progress), None
 
 
 def gemv_speeds(residents: dict, repeats: int) -> dict:

@@ -24,14 +24,20 @@ def _progress(message: str) -> None:
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="torch threads (default: torch's).")
 @click.option("--base-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="A Hugging Face directory to use instead of the store's default base.")
+@click.option("--llama-bench", "llama_bench", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              default=None, help="A built llama.cpp llama-bench: its decode of the same GGUF as peer rows "
+                                 "(default: $ZENEDGE_LLAMA_BENCH; none: the rows are skipped).")
 @json_option
-def run(tokens: int, repeats: int, threads: int | None, base_dir: Path | None, json_out: bool) -> None:
+def run(tokens: int, repeats: int, threads: int | None, base_dir: Path | None, llama_bench: Path | None,
+        json_out: bool) -> None:
     """Decode throughput: transformers' generate vs zenedge (base, LoRA, BitDelta, a mixed batch),
-    switch and cold-load times, bytes per token against the copy bandwidth, and the CPU targets."""
+    llama.cpp on the same GGUF when given, switch and cold-load times, bytes per token against the
+    copy bandwidth, and the CPU targets."""
     from zenedge.bench.report import markdown, targets
     from zenedge.bench.throughput import Options, run_bench
 
-    result = run_bench(Options(tokens=tokens, repeats=repeats, threads=threads, base_dir=base_dir), _progress)
+    result = run_bench(Options(tokens=tokens, repeats=repeats, threads=threads, base_dir=base_dir,
+                               llama_bench=llama_bench), _progress)
     result["targets"] = targets(result)
     if json_out:
         print_json(result)
