@@ -93,6 +93,19 @@ def test_a_request_that_joins_starts_at_the_next_tick(engine, variants, small_ch
     assert tokens_of(stream, 0) == tokens_of(events(resident, [long]), 0)
 
 
+def test_a_stream_of_short_prompts_does_not_starve_a_long_one(engine, small_chunks):
+    """Short prompts go first, but a prompt passed over in one tick goes first in the next: with a
+    new short request every tick, the long prompt still takes a chunk every other tick."""
+    resident = engine.resident("tiny")
+    long = GenerationRequest(ids(100), None, SamplingParams(max_tokens=2))
+    shorts = iter([[GenerationRequest(ids(5, seed=s), None, SamplingParams(max_tokens=1))] for s in range(60)])
+    stream = events(resident, [long], admit=lambda: next(shorts, []))
+    first_long = next(n for n, (i, _) in enumerate(stream) if i == 0)
+    served_before = len({i for i, _ in stream[:first_long]})
+    assert served_before <= 2 * -(-100 // CHUNK) + 1          # about one short per tick, two ticks a chunk
+    assert tokens_of(stream, 0) == tokens_of(events(resident, [long]), 0)
+
+
 def test_a_chunk_never_builds_more_than_its_own_mask(engine, small_chunks, monkeypatch):
     resident = engine.resident("tiny")
     shapes = []

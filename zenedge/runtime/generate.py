@@ -116,6 +116,7 @@ class _Row:
         self.eos_ids = set(eos_ids)
         self.limit = min(self.params.max_tokens, context - len(self.prompt))   # the context bounds it
         self.prefilled = 0        # prompt tokens already in the cache
+        self.passed_over = False  # a tick's prefill budget ran out before this row's chunk
         self.pending: int | None = None   # the token the next decode step feeds
         self.ids: list[int] = []
         self.emitted = 0          # characters of the decoded text already streamed
@@ -295,16 +296,23 @@ class _Rows:
                 for slot, (row, on) in enumerate(zip(self.slots, live)) if on]
 
     def _prefill(self) -> list[Delta]:
-        """Up to PREFILL_CHUNK prompt tokens (at least one chunk), rows with the fewest left first:
-        a short prompt is not held up behind a long one. A row whose prompt is in gets its first token."""
-        waiting = sorted((slot for slot, row in enumerate(self.slots) if row.prefilling),
-                         key=lambda slot: len(self.slots[slot].prompt) - self.slots[slot].prefilled)
+        """Up to PREFILL_CHUNK prompt tokens (at least one chunk), rows with the fewest left first
+        (a short prompt is not held up behind a long one), except that rows passed over in the last
+        tick go first, the oldest request first (a stream of short prompts never starves a long
+        one: it takes a chunk at least every other tick). A row whose prompt is in gets its first
+        token."""
+        def order(slot: int):
+            row = self.slots[slot]
+            return (not row.passed_over, row.index if row.passed_over else len(row.prompt) - row.prefilled)
+
+        waiting = sorted((slot for slot, row in enumerate(self.slots) if row.prefilling), key=order)
         deltas, spent = [], 0
         for slot in waiting:
             row = self.slots[slot]
             chunk = row.next_chunk()
-            if spent and spent + len(chunk) > PREFILL_CHUNK:
-                break
+            row.passed_over = bool(spent) and spent + len(chunk) > PREFILL_CHUNK
+            if row.passed_over:
+                continue
             logits = self.model.prefill(slot, chunk)
             spent += len(chunk)
             row.prefilled += len(chunk)
