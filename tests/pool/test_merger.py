@@ -221,3 +221,17 @@ def test_similar_deltas_are_merged_under_pressure(store, tmp_path, tiny_base_dir
     merged = store.resolve("first")
     assert merged["id"] == store.resolve("second")["id"] and len(merged["state"]["norms"]) == 2
     assert store.check(budget=cfg.budget) == []
+
+
+def test_a_merger_without_a_running_engine_loads_only_the_plain_weights(store, tmp_path):
+    """A CLI pull's gate scores text on the plain weights: its fresh engine makes no int4 copies."""
+    from zenedge.pool.merger import PoolMerger
+
+    path = tmp_path / "config" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "int4"\n')
+    cfg = config.load(path)
+    merger = PoolMerger.for_base(store, cfg, "tiny")
+    assert merger.resident.weights == "full"
+    assert all(getattr(m, "fast", None) is None for m in merger.resident.model.modules())
+    assert Engine(store, cfg).weights == "int4"   # a serving engine still converts

@@ -97,7 +97,7 @@ class PoolMerger:
         if engine is None:
             from zenedge.runtime.engine import Engine
 
-            engine = Engine(store, cfg)
+            engine = Engine(store, cfg, scoring_only=True)
         return cls(store, cfg, engine.resident(base), phases)
 
     def factors(self, adapter: dict[str, Any]) -> dict[str, LoraFactors]:
