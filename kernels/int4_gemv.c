@@ -33,6 +33,11 @@
 
 #define MAX_GROUPS (MAX_INPUTS / 32)
 
+/* Software prefetches of the weights ahead go to L2, not L1: on a Zen 4 core, 30 layers' worth
+   streamed in 5.4 ms with L1 prefetches and 4.2 ms with L2 ones (weights in 2 MB pages; the same
+   with 4 KB pages), the int8 head 3.5 → 1.9 ms (2026-12-01). */
+#define AHEAD _MM_HINT_T1
+
 static inline __mmask16 live_lanes(int64_t left) {
     return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
 }
@@ -70,8 +75,8 @@ static inline const uint8_t *block_ahead(const uint8_t *c, const uint16_t *scale
     if (n + 12 > N)
         return c;
     for (int64_t b = 0; b < 4 * groups * 2; b += 64) {
-        _mm_prefetch((const char *)(scale + (n + 8) * groups) + b, _MM_HINT_T0);
-        _mm_prefetch((const char *)(zero + (n + 8) * groups) + b, _MM_HINT_T0);
+        _mm_prefetch((const char *)(scale + (n + 8) * groups) + b, AHEAD);
+        _mm_prefetch((const char *)(zero + (n + 8) * groups) + b, AHEAD);
     }
     return c + 8 * groups * 16;
 }
@@ -95,7 +100,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *codes, con
         const int64_t at = g * 16;
         __m512i q_a[4], q_b[4];
         for (int r = 0; r < R; r++) {
-            _mm_prefetch((const char *)(ahead + r * row_bytes + at), _MM_HINT_T0);
+            _mm_prefetch((const char *)(ahead + r * row_bytes + at), AHEAD);
             __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + at)));
             q_a[r] = _mm512_ternarylogic_epi32(words, nibble, exponent, 0xEA);   /* (w & 0xF) | 0x4300 */
             q_b[r] = _mm512_or_si512(_mm512_srli_epi16(words, 4), exponent);     /* (w >> 4) | 0x4300 */
@@ -161,7 +166,7 @@ static void one_row_of_x(const uint8_t *codes, const uint16_t *scale, const uint
             const __m512bh x_a = xs[2 * p], x_b = xs[2 * p + 1];
             const int64_t at = p * 32, g = 2 * p;
             for (int r = 0; r < 4; r++)
-                _mm_prefetch((const char *)(ahead + r * row_bytes + at), _MM_HINT_T0);
+                _mm_prefetch((const char *)(ahead + r * row_bytes + at), AHEAD);
             a0 = two_groups(a0, c + at, x_a, x_b, s[0][g], s[0][g + 1]);
             a1 = two_groups(a1, c + row_bytes + at, x_a, x_b, s[1][g], s[1][g + 1]);
             a2 = two_groups(a2, c + 2 * row_bytes + at, x_a, x_b, s[2][g], s[2][g + 1]);

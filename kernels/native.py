@@ -1,6 +1,7 @@
 """zenedge's C kernels for the CPU, compiled on first use with the system's C compiler.
 
 - `int4_gemv.c`: y = x·Wᵀ for weight-only int4 W (cpu_weights.NativeInt4Weight);
+- `int8_gemv.c`: y = x·Wᵀ for int8 W in groups of 32 (Q8_0; cpu_weights.NativeInt8Weight, the head);
 - `rms_norm.c`: RMSNorm of fp32 rows (the lean forward's norms);
 - `decode_attention.c`: one query per row over the KV cache (the lean decode step's attention);
 - `lora_add.c`: y += scale·(x·Aᵀ)·Bᵀ, a LoRA on a decode step's rows (runtime/layers.py).
@@ -36,10 +37,10 @@ from zenedge import paths
 log = logging.getLogger("zenedge.kernels")
 
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("int4_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c"))
+                for name in ("int4_gemv.c", "int8_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c"))
 FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")   # as /proc/cpuinfo spells them
-MAX_INPUTS = 32768          # int4_gemv.c's MAX_INPUTS
+MAX_INPUTS = 32768          # int4_gemv.c's and int8_gemv.c's MAX_INPUTS
 MAX_HEAD_DIM = 256          # decode_attention.c's MAX_DIM
 MAX_GROUP = 64              # decode_attention.c's MAX_GROUP
 MAX_RANK = 256              # lora_add.c's MAX_RANK
@@ -50,6 +51,7 @@ _loaded: list = []          # [the library, or None]: decided once per process
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "zenedge_int4_gemm": [_P] * 5 + [_I] * 3,
+    "zenedge_int8_gemm": [_P] * 4 + [_I] * 3,
     "zenedge_rms_norm": [_P] * 3 + [_I] * 2 + [_F],
     "zenedge_decode_attention": [_P] * 5 + [_I] * 8 + [_F],
     "zenedge_lora_add": [_P] * 4 + [_I] * 6 + [_F],
@@ -70,6 +72,12 @@ def int4_gemm():
     """`zenedge_int4_gemm(x, codes, scale, zero, y, M, N, K)` (int4_gemv.c), or None."""
     lib = library()
     return lib.zenedge_int4_gemm if lib is not None else None
+
+
+def int8_gemm():
+    """`zenedge_int8_gemm(x, codes, scale, y, M, N, K)` (int8_gemv.c), or None."""
+    lib = library()
+    return lib.zenedge_int8_gemm if lib is not None else None
 
 
 def rms_norm_fn(weight: torch.Tensor, eps: float):
@@ -252,6 +260,19 @@ def _int4_ok(lib) -> bool:
     return bool(torch.allclose(y, x.bfloat16().float() @ weight.t(), rtol=1e-4, atol=1e-4))
 
 
+def _int8_ok(lib) -> bool:
+    g = torch.Generator().manual_seed(0)
+    rows, inputs = 39, 96                           # rows: 4-row blocks and a tail; 3 groups
+    codes = torch.randint(-127, 128, (rows, inputs), generator=g, dtype=torch.int8)
+    scale = (torch.rand(rows, inputs // 32, generator=g) * 0.01).half()
+    x = torch.randn(6, inputs, generator=g)          # 6 rows of x: a pass of 4 and one of 2
+    y = torch.empty(6, rows)
+    if lib.zenedge_int8_gemm(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), 6, rows, inputs):
+        return False
+    weight = (codes.float().view(rows, -1, 32) * scale.float()[..., None]).view(rows, inputs)
+    return bool(torch.allclose(y, x @ weight.t(), rtol=1e-4, atol=1e-5))
+
+
 def _rms_norm_ok(lib) -> bool:
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(3, 100, generator=g), torch.randn(100, generator=g)   # 100: a masked tail
@@ -289,5 +310,5 @@ def _lora_ok(lib) -> bool:
     return bool(torch.allclose(y, want, rtol=1e-5, atol=1e-5))
 
 
-_SELF_TESTS = {"int4_gemv": _int4_ok, "rms_norm": _rms_norm_ok, "decode_attention": _attention_ok,
-               "lora_add": _lora_ok}
+_SELF_TESTS = {"int4_gemv": _int4_ok, "int8_gemv": _int8_ok, "rms_norm": _rms_norm_ok,
+               "decode_attention": _attention_ok, "lora_add": _lora_ok}

@@ -70,6 +70,41 @@ def test_the_native_int4_kernel_multiplies_by_torchs_int4_weights(rows):
         odd.linear(torch.randn(rows, 128), None)
 
 
+@pytest.mark.skipif(native.int8_gemm() is None, reason="no native int8 kernel on this machine")
+@pytest.mark.parametrize("rows", [1, 3, 7])
+def test_the_int8_head_is_q8_0_and_multiplies_in_fp32(rows):
+    """A weight on llama.cpp's Q8_0 grid (int8 codes × one fp16 scale per 32 inputs, as the embedded
+    GGUF stores the tied embedding) comes back exactly, and the product is fp32's up to summation
+    order (x is not rounded to bf16); any other weight is within half a code per group; each row of
+    x gets the same sums alone as in a batch; an all-zero group is zero, not NaN."""
+    torch.manual_seed(2)
+    codes = torch.randint(-127, 128, (39, 96), dtype=torch.int8)
+    codes[:, ::32] = 127                                               # each group's largest code
+    scales = (torch.rand(39, 3) * 1e-3).half()
+    weight = (codes.float().view(39, 3, 32) * scales.float()[..., None]).view(39, 96)
+    weight[5, 32:64] = 0.0
+    head = cpu_weights.fast_copy(weight, "q8")
+    assert isinstance(head, cpu_weights.NativeInt8Weight) and head.nbytes == 39 * 96 + 39 * 3 * 2
+    assert torch.equal(head.dequantized(), weight)
+    x = torch.randn(rows, 96)
+    exact = x.double() @ weight.double().t()
+    assert (head.linear(x, None).double() - exact).abs().max() < 1e-6 * exact.abs().max()
+    assert all(torch.equal(head.linear(x, None)[i], head.linear(x[i:i + 1], None)[0]) for i in range(rows))
+    assert head.linear(x.bfloat16(), None).dtype == torch.bfloat16
+    other = torch.randn(39, 96) * 0.05
+    step = other.view(39, 3, 32).abs().amax(-1, keepdim=True) / 127
+    assert ((cpu_weights.NativeInt8Weight(other).dequantized() - other).view(39, 3, 32).abs()
+            <= step / 2 * (1 + 2 ** -10) + 1e-9).all()
+    with pytest.raises(ValueError, match="features"):
+        head.linear(torch.randn(1, 64), None)
+
+
+def test_the_q8_head_falls_back_to_bf16_where_the_kernel_does_not_build(monkeypatch):
+    monkeypatch.setattr(cpu_weights.NativeInt8Weight, "fits", classmethod(lambda cls, weight: False))
+    head = cpu_weights.fast_copy(torch.randn(64, 64), "q8")
+    assert type(head) is (OneDnnBF16 if cpu_weights.onednn_bf16_available() else type(None))
+
+
 @needs["int4"]
 def test_shapes_the_int4_kernel_cannot_take_stay_plain(monkeypatch):
     assert fast_copy(torch.randn(32, 48), "int4") is None                # in not a multiple of 32
@@ -113,7 +148,9 @@ def test_an_int4_resident_is_close_to_fp32_and_adds_lora_rows_exactly(tiny_base_
     linears = [m for m in int4.model.modules() if isinstance(m, VariantLinear)]
     assert linears and all(isinstance(m.fast, INT4) for m in linears)
     assert isinstance(int4.model.lm_head, cpu_weights.FastLinear)
-    if cpu_weights.onednn_bf16_available():      # the head stays bf16: its rounding lands in the logits
+    if native.int8_gemm() is not None:            # the head in Q8_0 (groups of 32), through the C kernel
+        assert isinstance(int4.model.lm_head.fast, cpu_weights.NativeInt8Weight)
+    elif cpu_weights.onednn_bf16_available():    # else bf16: its rounding lands in the logits
         assert isinstance(int4.model.lm_head.fast, cpu_weights.OneDnnBF16)
     assert int4.model.lm_head.weight is int4.model.model.embed_tokens.weight      # still tied
     assert all(m.fast is None for m in full.model.modules() if isinstance(m, VariantLinear))

@@ -17,6 +17,10 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
   x (30 layers' worth of weights streamed: 1.23-1.28× faster, `python -m zenedge.bench.cpu_kernels`)
   and takes and returns fp32; at 2-32 rows torch's is faster (0.7-0.8×). The int4 format's default
   wherever it builds (decode steps are one row per request); `Int4Weight` everywhere else.
+- `NativeInt8Weight`: int8 in groups of 32 inputs with an fp16 scale each (llama.cpp's Q8_0),
+  zenedge's C kernel (kernels/int8_gemv.c): the output head of an int4 model where it builds,
+  30 MB for SmolLM2-135M's head where bf16 reads 57 (the largest weight of a step); for the
+  embedded base, whose GGUF stores that weight as Q8_0, exactly the file's numbers.
 
 torch's quantized kernels want bf16 activations (their fp32 paths are 10-30× slower), so `linear`
 casts x to bf16 and the result back: two tiny copies per matmul, whatever the model's dtype (the
@@ -80,8 +84,9 @@ class CpuWeight:
 
 class OneDnnBF16(CpuWeight):
     """bf16 in oneDNN's blocked layout (batch hint 1: laid out for decode). Also the output head
-    of an int8 / int4 model: its rounding lands straight in the logits, and on the profiles' eval
-    sets an int4 head costs up to 0.06 nats of answer loss where a bf16 one costs ≤ 0.007."""
+    of an int8 model, and of an int4 one where the int8 kernel does not build: its rounding lands
+    straight in the logits, and on the profiles' eval sets an int4 head costs up to 0.06 nats of
+    answer loss where a bf16 one costs ≤ 0.007."""
 
     def __init__(self, weight: torch.Tensor):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16), 1)
@@ -241,6 +246,49 @@ class NativeInt4Weight(CpuWeight):
         return self._matmul(torch.eye(self.inputs)).t().contiguous()
 
 
+class NativeInt8Weight(CpuWeight):
+    """Symmetric int8 in groups of GROUP inputs, W ≈ q·scale with one fp16 scale per group
+    (llama.cpp's Q8_0: a weight that came from a Q8_0 tensor gets exactly its codes and scales
+    back), multiplied by zenedge's C kernel (kernels/int8_gemv.c), fp32 in and out. Per-channel
+    int8 scales lost up to 0.07 nats on the head (BENCHMARKS.md); groups of 32 follow the
+    embedding's outlier columns."""
+
+    GROUP = 32
+    lossy = True
+
+    def __init__(self, weight: torch.Tensor):
+        out, inp = weight.shape
+        groups = weight.detach().float().view(out, inp // self.GROUP, self.GROUP)
+        self.scale = (groups.abs().amax(-1) / 127).half()              # fp16 [out, in/GROUP]
+        scale = self.scale.float()[..., None]
+        # codes from the stored (fp16) scale, so W ≈ q·scale holds for the numbers the kernel reads
+        q = groups / scale.masked_fill(scale == 0, 1.0)                # an all-zero group: codes 0
+        self.codes = q.round_().clamp_(-127, 127).to(torch.int8).view(out, inp)
+        self.rows, self.inputs = out, inp
+        self.nbytes = self.codes.numel() + self.scale.numel() * 2
+        self._kernel = native.int8_gemm()
+
+    @classmethod
+    def fits(cls, weight: torch.Tensor) -> bool:
+        return weight.shape[1] % cls.GROUP == 0 and weight.shape[1] <= native.MAX_INPUTS \
+            and bool(weight.detach().abs().amax() < 127 * torch.finfo(torch.float16).max) \
+            and native.int8_gemm() is not None
+
+    def _matmul(self, flat):
+        if flat.shape[-1] != self.inputs:   # the kernel trusts its shapes: check them here
+            raise ValueError(f"input has {flat.shape[-1]} features, the weight {self.inputs}")
+        x = flat.float().contiguous()
+        y = torch.empty((x.shape[0], self.rows), dtype=torch.float32)
+        self._kernel(x.data_ptr(), self.codes.data_ptr(), self.scale.data_ptr(), y.data_ptr(), x.shape[0],
+                     self.rows, self.inputs)
+        return y if flat.dtype == torch.float32 else y.to(flat.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight the kernel multiplies by, in fp32 (for tests and quality checks)."""
+        groups = self.codes.float().view(self.rows, -1, self.GROUP) * self.scale.float()[..., None]
+        return groups.view(self.rows, self.inputs)
+
+
 def _int4_quantized(weight: torch.Tensor, group: int):
     """Asymmetric int4 codes of `weight` [out, in] in groups of `group` inputs: (q int32 [out, in]
     in 0..15, scale, zero) with scale and zero [out, in/group] in bf16, W ≈ (q - 8)·scale + zero."""
@@ -253,8 +301,8 @@ def _int4_quantized(weight: torch.Tensor, group: int):
 
 
 _FORMATS = {"bf16": OneDnnBF16, "int8": Int8Weight, "int4": Int4Weight}
-# The output head's format for each model format (see OneDnnBF16).
-_HEAD_FORMATS = {"int8": "bf16", "int4": "bf16"}
+# The output head's format for each model format (see OneDnnBF16, NativeInt8Weight).
+_HEAD_FORMATS = {"int8": "bf16", "int4": "q8"}
 
 
 def onednn_bf16_available() -> bool:
@@ -279,12 +327,16 @@ def _format_class(weight: torch.Tensor, fmt: str) -> type[CpuWeight] | None:
         return OneDnnBF16 if weight.dtype == torch.bfloat16 and OneDnnBF16.fits(weight) else None
     if fmt == "int4" and NativeInt4Weight.fits(weight):
         return NativeInt4Weight
+    if fmt == "q8":       # Q8_0 through the C kernel where it builds, else packed bf16
+        if NativeInt8Weight.fits(weight):
+            return NativeInt8Weight
+        fmt = "bf16"
     cls = _FORMATS[fmt]
     return cls if cls.fits(weight) else None
 
 
 def fast_copy(weight: torch.Tensor, fmt: str) -> CpuWeight | None:
-    """The fast copy of a CPU weight in format `fmt` ("full", "bf16", "int8", "int4"), or None
+    """The fast copy of a CPU weight in format `fmt` ("full", "bf16", "int8", "int4", "q8"), or None
     where the plain weight is what runs (fp32 "full", a shape the kernel cannot take, a non-CPU
     tensor)."""
     cls = _format_class(weight, fmt)
@@ -348,7 +400,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor | CpuWeight, bias: torch.Tensor
 
 def convert_model(model: nn.Module, fmt: str) -> None:
     """Give every VariantLinear a fast copy of its base weight in `fmt` and wrap the other
-    linears (the output head) in FastLinear, in bf16 when `fmt` is int8 / int4."""
+    linears (the output head) in FastLinear: bf16 when `fmt` is int8, Q8_0 (or bf16) when int4."""
     from zenedge.runtime.layers import VariantLinear
 
     state = next((m.state for m in model.modules() if isinstance(m, VariantLinear)), None)
