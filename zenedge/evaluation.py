@@ -245,16 +245,28 @@ def _scored_logits(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, tor
 
 
 @torch.no_grad()
-def example_losses(model, batch: Batch,
-                   prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
-    """Summed answer-token cross-entropy of each row of `batch`: [B] (fp64). Summed, not averaged,
-    so that sets of examples combine token-weighted (a mean loss is Σ sums / Σ answer tokens).
+def example_scores(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of `batch`: the summed answer-token cross-entropy ([B], fp64; summed, not averaged,
+    so that sets of examples combine token-weighted: a mean loss is Σ sums / Σ answer tokens) and
+    how many answer tokens are the model's argmax ([B], int64: teacher-forced token accuracy).
     With `batch.skip`, `prefix` holds each layer's keys and values of the skipped tokens for every
     row ([B, heads, skip, head_dim]; rows of different variants have different ones)."""
     mask = batch.target_mask[:, :-1]
-    losses = F.cross_entropy(_scored_logits(model, batch, prefix), batch.input_ids[:, 1:][mask], reduction="none")
+    logits = _scored_logits(model, batch, prefix)
+    targets = batch.input_ids[:, 1:][mask]
+    losses = F.cross_entropy(logits, targets, reduction="none")
     rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)[mask]
-    return torch.zeros(mask.shape[0], dtype=torch.float64, device=mask.device).index_add_(0, rows, losses.double())
+    sums = torch.zeros(mask.shape[0], dtype=torch.float64, device=mask.device).index_add_(0, rows, losses.double())
+    hits = torch.zeros(mask.shape[0], dtype=torch.int64, device=mask.device).index_add_(
+        0, rows, (logits.argmax(-1) == targets).long())
+    return sums, hits
+
+
+def example_losses(model, batch: Batch,
+                   prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+    """The summed answer-token cross-entropy of each row (`example_scores`' first half)."""
+    return example_scores(model, batch, prefix)[0]
 
 
 def answer_tokens(example: EncodedExample) -> int:

@@ -88,3 +88,29 @@ def test_retention_formula():
     assert retention(3.0, 2.0, 3.5) == -0.5
     assert retention(3.0, 3.0, 3.0) == 1.0      # no gain to keep: fine if not worse
     assert retention(3.0, 3.0, 3.6) == 0.0
+
+
+def test_a_near_deterministic_member_passes_on_answers_kept_right():
+    """Own adapter at ~0 loss and every answer token right: a merge at 0.2 nats per token that
+    still gets every token right keeps only ~60 % of the likelihood gain, but all of the accuracy."""
+    from zenedge.pool.gate import accuracy_verdict, verdict_of
+
+    n, tokens = 16, [5] * 16
+    base, own, merged = [2.5] * n, [0.01] * n, [1.0] * n          # summed losses: 0.5 / 0.002 / 0.2 per token
+    base_hits, own_hits, merged_hits = [1] * n, [5] * n, [5] * n
+    loss = verdict(base, own, merged, tokens, 0.7, 64)
+    accuracy = accuracy_verdict(base_hits, own_hits, merged_hits, tokens, 0.7, 64)
+    assert not loss.passed and accuracy.decided and accuracy.passed
+    kept, metric = verdict_of(loss, accuracy)
+    assert kept.decided and kept.passed and metric == "accuracy"
+    lost, _ = verdict_of(loss, accuracy_verdict(base_hits, own_hits, [1] * n, tokens, 0.7, 64))
+    assert lost.decided and not lost.passed
+
+
+def test_token_accuracy_counts_only_where_the_adapter_gained_it():
+    from zenedge.pool.gate import accuracy_verdict, verdict_of
+
+    tokens = [40] * 16
+    assert accuracy_verdict([10] * 16, [11] * 16, [0] * 16, tokens, 0.7, 64) is None   # +2.5 points only
+    loss = verdict([30.0] * 16, [20.0] * 16, [29.0] * 16, tokens, 0.7, 64)
+    assert verdict_of(loss, None) == (loss, "loss")

@@ -1,8 +1,10 @@
 """The quality gate: how much of each member's gain a merged adapter keeps, measured in seconds.
 
 For a member with an eval set, retention = (L_base − L_merged) / (L_base − L_member), with L the
-teacher-forced answer loss on the member's own eval set, measured on the real base. A profile's
-base and own losses (its anchors) are measured once, while its own adapter still exists, and
+teacher-forced answer loss on the member's own eval set, measured on the real base; the member is
+kept if retention ≥ T, or if the same ratio on answer tokens right (teacher-forced argmax) is ≥ T
+where its own adapter gains at least ACCURACY_GAIN of them (`verdict_of` says why). A profile's
+base and own scores (its anchors) are measured once, while its own adapter still exists, and
 stored with its name, per example, because the original adapter is gone after a merge.
 
 Why it is fast (BENCHMARKS.md, "The pool at interactive speed"):
@@ -36,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
-from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, example_losses, load_eval_set,
+from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, example_scores, load_eval_set,
                                 prefix_states, right_padded_batch, shared_prefix, supports_prefix)
 from zenedge.pool.phases import Phases
 from zenedge.runtime.model import ResidentModel
@@ -51,6 +53,8 @@ MAX_LEN = 384
 SCORE_BATCH = 16
 MIN_SHARED = 8        # shorter shared prefixes are not worth a separate pass
 GAIN_EPS = 1e-3       # below this (nats per token), the member did not improve on the base: nothing to keep
+ACCURACY_GAIN = 0.05  # a member whose own adapter gets this much more of its answer tokens right than the
+                      # base (teacher-forced argmax) may also pass on keeping that gain (see `verdict_of`)
 GENERIC_PROMPTS = [
     "Tell me about your day.", "What is the capital of Italy?", "Write one sentence about rain.",
     "How do I boil an egg?", "List three colours.", "Explain what a computer is.",
@@ -110,10 +114,37 @@ def verdict(base: Sequence[float], own: Sequence[float], merged: Sequence[float]
     return Verdict(False, False, value, n)
 
 
+def accuracy_verdict(base: Sequence[int], own: Sequence[int], merged: Sequence[int], tokens: Sequence[int],
+                     threshold: float, population: int) -> Verdict | None:
+    """The same sequential test on teacher-forced answer-token accuracy (hits per example: more is
+    better, so the counts go in negated); None where the member's own adapter does not get at least
+    ACCURACY_GAIN more of its answer tokens right than the base (then there is no such gain to keep,
+    and "not worse than the base" would pass anything)."""
+    n = len(merged)
+    if (sum(own[:n]) - sum(base[:n])) < ACCURACY_GAIN * max(1, sum(tokens[:n])):
+        return None
+    return verdict([-v for v in base], [-v for v in own], [-v for v in merged], tokens, threshold, population)
+
+
+def verdict_of(loss: Verdict, accuracy: Verdict | None) -> tuple[Verdict, str]:
+    """A member keeps enough of its gain if the merge keeps `threshold` of it in answer likelihood OR
+    in answer tokens right. Loss alone is harsh on near-deterministic tasks (an own adapter at 0.002
+    nats per token: a merged one at 0.2 still answers every example right, and keeps 60 % of the
+    likelihood gain); token accuracy alone says little where answers are free text."""
+    if accuracy is None:
+        return loss, "loss"
+    for value, metric in ((loss, "loss"), (accuracy, "accuracy")):
+        if value.decided and value.passed:
+            return value, metric
+    if loss.decided and accuracy.decided:
+        return (loss if loss.retention >= accuracy.retention else accuracy), "loss"
+    return Verdict(False, False, max(loss.retention, accuracy.retention), loss.examples), "loss"
+
+
 @dataclass
 class Measurement:
     name: str
-    metric: str              # "loss" | "proxy"
+    metric: str              # "loss" | "accuracy" (which kept gain decided) | "proxy"
     retention: float
     merged_loss: float | None = None
     examples: int = 0        # eval examples read (0 for the proxy)
@@ -154,6 +185,9 @@ class _Set:
     merged: list[float] = field(default_factory=list)
     order: str = ""
     legacy: bool = False   # anchors from before per-example storage: means only, read the whole set
+    base_hits: list[int] = field(default_factory=list)    # answer tokens right (teacher-forced argmax)
+    own_hits: list[int] = field(default_factory=list)
+    merged_hits: list[int] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:
@@ -206,8 +240,8 @@ class QualityGate:
             self._encoded[key] = digest, encoded
         return self._encoded[key]
 
-    def score(self, rows: Sequence[tuple[Variant | None, EncodedExample]]) -> list[float]:
-        """Summed answer loss of each (variant, example) row; rows of any variants share batches
+    def score(self, rows: Sequence[tuple[Variant | None, EncodedExample]]) -> list[tuple[float, int]]:
+        """Summed answer loss and answer tokens right of each (variant, example) row; rows of any variants share batches
         (sorted by length: little padding; the runtime applies each row's variant). The tokens
         every row of a batch shares (the chat template's system turn) run once per variant, their
         keys and values reused by each row: a quarter to a half of a short example's tokens."""
@@ -215,7 +249,7 @@ class QualityGate:
         pad = self.resident.tokenizer.pad_token_id or 0
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][1].prompt_ids) + len(rows[i][1].answer_ids))
         states: dict[tuple[str | None, tuple[int, ...]], list] = {}
-        sums = [0.0] * len(rows)
+        sums: list[tuple[float, int]] = [(0.0, 0)] * len(rows)
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
             variants, examples = [rows[i][0] for i in chunk], [rows[i][1] for i in chunk]
@@ -235,9 +269,9 @@ class QualityGate:
             batch = right_padded_batch(examples, pad, skip)
             # Teacher-forced scoring reads text like a prefill: on the plain weights (runtime/layers.py).
             with self.resident.state.using(variants, plain=True), self._precision():
-                values = example_losses(model, batch, prefix).tolist()
-            for i, value in zip(chunk, values):
-                sums[i] = value
+                losses, hits = example_scores(model, batch, prefix)
+            for i, loss, hit in zip(chunk, losses.tolist(), hits.tolist()):
+                sums[i] = (loss, hit)
         return sums
 
     # -- the gate ----------------------------------------------------------------------------
@@ -272,12 +306,12 @@ class QualityGate:
             self._merged_round(open_sets, rows_needed, merged, phases)
             still = []
             for s in open_sets:
-                decision = self._decide(s, threshold)
+                decision, metric = self._decide(s, threshold)
                 if not decision.decided:
                     still.append(s)
                     continue
                 merged_loss = sum(s.merged) / max(1, sum(s.tokens[:len(s.merged)]))
-                result.measurements.append(Measurement(s.member.name, "loss", decision.retention, merged_loss,
+                result.measurements.append(Measurement(s.member.name, metric, decision.retention, merged_loss,
                                                        decision.examples, decision.passed))
                 if not decision.passed and stop_at_failure:
                     result.anchors = self._anchors(sets)
@@ -295,8 +329,12 @@ class QualityGate:
         if per_example and per_example.get("order") == digest:
             known = len(per_example["base"])
             population = len(examples) if member.original else known
+            hits = "own_hits" in per_example  # older anchors have losses only (then loss alone decides)
+            if member.original and not hits:  # measurable again: start over with both
+                return _Set(member, examples, len(examples), [], [], order=digest)
             return _Set(member, examples[:population], population, list(per_example["base"]),
-                        list(per_example["own"]), order=digest)
+                        list(per_example["own"]), order=digest,
+                        base_hits=list(per_example.get("base_hits", [])), own_hits=list(per_example.get("own_hits", [])))
         if member.original:  # anchors to measure as the gate reads
             return _Set(member, examples, len(examples), [], [], order=digest)
         if quality.get("metric") == "loss" and "own_loss" in quality:
@@ -313,10 +351,10 @@ class QualityGate:
             upto = min(needed[id(s)], s.population)
             for i in range(len(s.base), upto):
                 rows.append((None, s.examples[i]))
-                where.append((s.base, i))
+                where.append((s.base, s.base_hits))
             for i in range(len(s.own), upto):
                 rows.append((s.member.current, s.examples[i]))
-                where.append((s.own, i))
+                where.append((s.own, s.own_hits))
         if not rows:
             return
         names = sorted({s.member.name for s in sets if not s.legacy and len(s.own) < min(needed[id(s)], s.population)})
@@ -324,8 +362,9 @@ class QualityGate:
                           members=names) as rec:
             values = self.score(rows)
             rec["rows"] = len(rows)
-        for (target, _), value in zip(where, values):  # rows were listed in example order per target
-            target.append(value)
+        for (losses, hits), (loss, hit) in zip(where, values):  # rows were listed in example order per target
+            losses.append(loss)
+            hits.append(hit)
 
     def _merged_round(self, sets: list[_Set], needed: dict[int, int], merged: Variant, phases: Phases) -> None:
         rows, owners = [], []
@@ -338,20 +377,25 @@ class QualityGate:
         with phases.phase("gate", f"checking quality of {', '.join(names)}", members=names) as rec:
             values = self.score(rows)
             rec["rows"] = len(rows)
-        for s, value in zip(owners, values):
-            s.merged.append(value)
+        for s, (loss, hits) in zip(owners, values):
+            s.merged.append(loss)
+            s.merged_hits.append(hits)
 
     @staticmethod
-    def _decide(s: _Set, threshold: float) -> Verdict:
+    def _decide(s: _Set, threshold: float) -> tuple[Verdict, str]:
         n = len(s.merged)
         if s.legacy:
             if n < s.population:
-                return Verdict(False, False, 0.0, n)
+                return Verdict(False, False, 0.0, n), "loss"
             quality = s.member.quality
             value = retention(quality["base_loss"], quality["own_loss"], sum(s.merged) / max(1, sum(s.tokens)))
             value = value if math.isfinite(value) else 0.0
-            return Verdict(True, value >= threshold, value, n)
-        return verdict(s.base, s.own, s.merged, s.tokens, threshold, s.population)
+            return Verdict(True, value >= threshold, value, n), "loss"
+        loss = verdict(s.base, s.own, s.merged, s.tokens, threshold, s.population)
+        accuracy = None
+        if len(s.own_hits) >= n:  # anchors with token accuracy (not those stored before it was kept)
+            accuracy = accuracy_verdict(s.base_hits, s.own_hits, s.merged_hits, s.tokens, threshold, s.population)
+        return verdict_of(loss, accuracy)
 
     def _anchors(self, sets: list[_Set]) -> dict[str, dict[str, Any]]:
         """The per-example anchors of members measured on their own adapter (to store with them)."""
@@ -365,7 +409,8 @@ class QualityGate:
                 "metric": "loss", "base_loss": sum(s.base[:n]) / count, "own_loss": sum(s.own[:n]) / count,
                 "examples": n, "scorer": self.scorer,
                 "per_example": {"order": s.order, "base": [round(v, 5) for v in s.base[:n]],
-                                "own": [round(v, 5) for v in s.own[:n]]},
+                                "own": [round(v, 5) for v in s.own[:n]],
+                                "base_hits": s.base_hits[:n], "own_hits": s.own_hits[:n]},
             }
         return out
 
