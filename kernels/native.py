@@ -4,7 +4,10 @@
 - `int8_gemv.c`: y = x·Wᵀ for int8 W in groups of 32 (Q8_0; cpu_weights.NativeInt8Weight, the head);
 - `rms_norm.c`: RMSNorm of fp32 rows (the lean forward's norms);
 - `decode_attention.c`: one query per row over the KV cache (the lean decode step's attention);
-- `lora_add.c`: y += scale·(x·Aᵀ)·Bᵀ, a LoRA on a decode step's rows (runtime/layers.py).
+- `lora_add.c`: y += scale·(x·Aᵀ)·Bᵀ, a LoRA on a decode step's rows (runtime/layers.py);
+- `decode_step.c`: a whole decode step of a Llama-family layer stack in one call, through the
+  kernels above (runtime/lean_llama.py), and SiLU(gate)·up;
+- `vector_exp.h`: e^x for the softmax and SiLU (included by the two that need it).
 
 Every kernel sums a row of its input the same way whatever the other rows are, so a request
 decodes the same tokens alone as in a batch (torch's fp32 BLAS calls take other paths for one row).
@@ -36,14 +39,18 @@ from zenedge import paths
 
 log = logging.getLogger("zenedge.kernels")
 
-SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("int4_gemv.c", "int8_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c"))
-FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma")
+SOURCES = tuple(Path(__file__).with_name(name) for name in
+                ("int4_gemv.c", "int8_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c", "decode_step.c"))
+HEADERS = (Path(__file__).with_name("vector_exp.h"),)
+# -ffp-contract=off: a multiply and an add stay two roundings, as the torch ops they stand for.
+FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl",
+         "-mavx512bf16", "-mfma")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")   # as /proc/cpuinfo spells them
 MAX_INPUTS = 32768          # int4_gemv.c's and int8_gemv.c's MAX_INPUTS
 MAX_HEAD_DIM = 256          # decode_attention.c's MAX_DIM
 MAX_GROUP = 64              # decode_attention.c's MAX_GROUP
 MAX_RANK = 256              # lora_add.c's MAX_RANK
+MAX_LORAS = 3               # decode_step.c's MAX_LORAS: LoRA slices per product
 
 _lock = threading.Lock()
 _loaded: list = []          # [the library, or None]: decided once per process
@@ -55,7 +62,29 @@ _SIGNATURES = {
     "zenedge_rms_norm": [_P] * 3 + [_I] * 2 + [_F],
     "zenedge_decode_attention": [_P] * 5 + [_I] * 8 + [_F],
     "zenedge_lora_add": [_P] * 4 + [_I] * 6 + [_F],
+    "zenedge_silu_mul": [_P, _P, _I, _I],
+    "zenedge_decode_step": [_P, _I, _P, _I, _P, _P, _P, _P, _P, _I],
 }
+
+
+# decode_step.c's structures, field for field
+class Lora(ctypes.Structure):
+    _fields_ = [("a", _P), ("bt", _P), ("rank", _I), ("offset", _I), ("width", _I), ("scale", _F)]
+
+
+class Product(ctypes.Structure):
+    _fields_ = [("codes", _P), ("scale", _P), ("zero", _P), ("rows", _I), ("inputs", _I), ("loras", _I),
+                ("lora", Lora * MAX_LORAS)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("norm1", _P), ("norm2", _P), ("eps1", _F), ("eps2", _F), ("qkv", Product), ("o", Product),
+                ("gate_up", Product), ("down", Product), ("keys", _P), ("values", _P), ("strides", _I * 3)]
+
+
+class Shape(ctypes.Structure):
+    _fields_ = [("hidden", _I), ("heads", _I), ("kv_heads", _I), ("dim", _I), ("intermediate", _I),
+                ("attention_scale", _F)]
 
 
 def library():
@@ -170,6 +199,30 @@ def lora_add_fn(a: torch.Tensor, b_t: torch.Tensor, scale: float):
     return lora_add
 
 
+def silu_mul_fn(intermediate: int):
+    """gu [M, 2·I] fp32 contiguous (gate and up side by side) → SiLU(gate)·up [M, I] through the C
+    kernel (the one decode_step.c uses: a Python step and a C step round alike), or None."""
+    lib = library()
+    if lib is None:
+        return None
+    kernel, width = lib.zenedge_silu_mul, 2 * intermediate
+
+    def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+        if gu.dtype != torch.float32 or gu.dim() != 2 or gu.shape[1] != width or not gu.is_contiguous():
+            raise ValueError(f"silu_mul: gu {tuple(gu.shape)} {gu.dtype} is not [M, {width}] contiguous fp32")
+        out = gu.new_empty((gu.shape[0], intermediate))
+        kernel(gu.data_ptr(), out.data_ptr(), gu.shape[0], intermediate)
+        return out
+    return silu_mul
+
+
+def decode_step():
+    """`zenedge_decode_step(x, n, layers, count, shape, cos, sin, positions, lengths, length)`
+    (decode_step.c; structures Layer and Shape above), or None."""
+    lib = library()
+    return lib.zenedge_decode_step if lib is not None else None
+
+
 def _load():
     reason = _unavailable_reason()
     if reason is None:
@@ -207,7 +260,7 @@ def _compiler() -> str | None:
 
 def _build_and_open():
     compiler = _compiler()
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES)
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES + HEADERS)
                             + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     target = paths.kernel_cache() / f"cpu-kernels-{digest}.so"
     if not target.exists():
@@ -273,6 +326,14 @@ def _int8_ok(lib) -> bool:
     return bool(torch.allclose(y, x @ weight.t(), rtol=1e-4, atol=1e-5))
 
 
+def _silu_mul_ok(lib) -> bool:
+    g = torch.Generator().manual_seed(0)
+    gu = torch.randn(3, 2 * 40, generator=g) * 6                   # 40 wide: a masked tail; e^-|x| far down
+    out = torch.empty(3, 40)
+    lib.zenedge_silu_mul(gu.data_ptr(), out.data_ptr(), 3, 40)
+    return bool(torch.allclose(out, F.silu(gu[:, :40]) * gu[:, 40:], rtol=1e-5, atol=1e-6))
+
+
 def _rms_norm_ok(lib) -> bool:
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(3, 100, generator=g), torch.randn(100, generator=g)   # 100: a masked tail
@@ -311,4 +372,4 @@ def _lora_ok(lib) -> bool:
 
 
 _SELF_TESTS = {"int4_gemv": _int4_ok, "int8_gemv": _int8_ok, "rms_norm": _rms_norm_ok,
-               "decode_attention": _attention_ok, "lora_add": _lora_ok}
+               "decode_attention": _attention_ok, "lora_add": _lora_ok, "silu_mul": _silu_mul_ok}

@@ -1,0 +1,165 @@
+/* A whole lean decode step of a Llama-family model's layers in one call, fp32, one CPU core.
+ *
+ * Once the matmuls stream at memory speed, what is left of a step is glue: per layer some fifty
+ * small torch ops and Python calls between the kernels (RMSNorm, the stacked q/k/v product, rope,
+ * the KV writes, attention, o, the residual adds, gate/up, SiLU·up, down), ~4 ms of a ~10 ms step
+ * for SmolLM2-135M. Here the same steps run back to back in C, calling the same kernels
+ * (rms_norm.c, int4_gemv.c, lora_add.c, decode_attention.c) with the same arguments, and doing the
+ * glue with the same roundings as the torch ops it replaces:
+ *   - rope: x·cos + roll(x, D/2)·sin with sin's first half negated, a multiply, a multiply, an add
+ *     (no FMA: torch rounds each op); q and k in place in the q/k/v product;
+ *   - k and v copied to each row's next column of the layer's cache;
+ *   - residual adds x + y; SiLU(gate)·up through zenedge_silu_mul, which the Python path calls too.
+ * So a step gives bit for bit what lean_llama's Python step gives (a test says so), and a row's
+ * numbers do not depend on the rows beside it: every kernel called sums each row alone.
+ *
+ * x [n, hidden] fp32 is updated in place (the residual stream after the last layer). Per layer: a
+ * zenedge_layer (its norms, four int4 products with up to MAX_LORAS LoRA slices each, this step's
+ * views of its key and value cache: element (b, j, l, d) at b·strides[0] + j·strides[1] +
+ * l·strides[2] + d). cos, sin [n, D]; positions [n] (the column each row writes), lengths [n]
+ * (positions + 1), length: the views' L. Returns 0; -1 when a scratch buffer could not be had; the
+ * first non-zero status of a kernel it calls.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vector_exp.h"
+
+#define MAX_LORAS 3
+
+int zenedge_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t K, float eps);
+int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,
+                      float *y, int64_t M, int64_t N, int64_t K);
+int zenedge_lora_add(const float *x, const float *a, const float *bt, float *y, int64_t M, int64_t K,
+                     int64_t N, int64_t r, int64_t ldx, int64_t ldy, float scale);
+int zenedge_decode_attention(const float *q, const float *keys, const float *values, const int64_t *lengths,
+                             float *out, int64_t B, int64_t H, int64_t H_kv, int64_t L, int64_t D,
+                             int64_t q_stride, int64_t batch_stride, int64_t head_stride, float scale);
+
+typedef struct {                 /* y[:, offset:offset + width] += scale·(x·Aᵀ)·Bᵀ */
+    const float *a, *bt;         /* A [rank, inputs], Bᵀ [rank, width], contiguous */
+    int64_t rank, offset, width;
+    float scale;
+} zenedge_lora;
+
+typedef struct {                 /* y = x·Wᵀ (int4_gemv.c's layout) plus its LoRA slices */
+    const uint8_t *codes;
+    const uint16_t *scale, *zero;
+    int64_t rows, inputs, loras;
+    zenedge_lora lora[MAX_LORAS];
+} zenedge_product;
+
+typedef struct {
+    const float *norm1, *norm2;  /* RMSNorm weights [hidden] */
+    float eps1, eps2;
+    zenedge_product qkv, o, gate_up, down;
+    float *keys, *values;
+    int64_t strides[3];
+} zenedge_layer;
+
+typedef struct {
+    int64_t hidden, heads, kv_heads, dim, intermediate;
+    float attention_scale;
+} zenedge_shape;
+
+/* out[m, j] = SiLU(gu[m, j])·gu[m, I + j] for rows of gate and up side by side, SiLU(g) =
+   g / (1 + e^-g), as g·t / (1 + t) with t = e^g below 0 (no overflow). */
+int zenedge_silu_mul(const float *gu, float *out, int64_t M, int64_t I) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t m = 0; m < M; m++) {
+        const float *g = gu + m * 2 * I, *u = g + I;
+        for (int64_t j = 0; j < I; j += 16) {
+            __mmask16 live = I - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (I - j)) - 1);
+            __m512 x = _mm512_maskz_loadu_ps(live, g + j);
+            __m512 t = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));   /* e^-|x| */
+            __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+            __m512 top = _mm512_mask_mul_ps(x, negative, x, t);                                /* x or x·t */
+            __m512 silu = _mm512_div_ps(top, _mm512_add_ps(one, t));
+            _mm512_mask_storeu_ps(out + m * I + j, live, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(live, u + j)));
+        }
+    }
+    return 0;
+}
+
+static int product(const zenedge_product *p, const float *x, float *y, int64_t n) {
+    int status = zenedge_int4_gemm(x, p->codes, p->scale, p->zero, y, n, p->rows, p->inputs);
+    for (int64_t i = 0; i < p->loras && !status; i++) {
+        const zenedge_lora *l = &p->lora[i];
+        status = zenedge_lora_add(x, l->a, l->bt, y + l->offset, n, p->inputs, l->width, l->rank, p->inputs,
+                                  p->rows, l->scale);
+    }
+    return status;
+}
+
+/* x·cos + roll(x, D/2)·sin over `heads` heads of D in each of n rows (row stride `ld`), in place */
+static void rope(float *x, int64_t n, int64_t heads, int64_t D, int64_t ld, const float *cos, const float *sin) {
+    float rolled[256];
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + b * ld + h * D;
+            memcpy(rolled, v + D / 2, (size_t)(D / 2) * sizeof(float));
+            memcpy(rolled + D / 2, v, (size_t)(D / 2) * sizeof(float));
+            for (int64_t d = 0; d < D; d += 16) {
+                __m512 c = _mm512_loadu_ps(cos + b * D + d), s = _mm512_loadu_ps(sin + b * D + d);
+                _mm512_storeu_ps(v + d, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + d), c),
+                                                      _mm512_mul_ps(_mm512_loadu_ps(rolled + d), s)));
+            }
+        }
+}
+
+static void add_into(float *x, const float *y, int64_t count) {
+    for (int64_t i = 0; i < count; i += 16) {
+        __mmask16 live = count - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (count - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, live, _mm512_add_ps(_mm512_maskz_loadu_ps(live, x + i),
+                                                         _mm512_maskz_loadu_ps(live, y + i)));
+    }
+}
+
+int zenedge_decode_step(float *x, int64_t n, const zenedge_layer *layers, int64_t count, const zenedge_shape *shape,
+                        const float *cos, const float *sin, const int64_t *positions, const int64_t *lengths,
+                        int64_t length) {
+    const int64_t hidden = shape->hidden, H = shape->heads, H_kv = shape->kv_heads, D = shape->dim,
+                  I = shape->intermediate, qkv_width = (H + 2 * H_kv) * D;
+    if (D % 16 || D > 256)
+        return -2;
+    const int64_t sizes[6] = {n * hidden, n * qkv_width, n * H * D, n * hidden, n * 2 * I, n * I};
+    int64_t total = 0;
+    for (int i = 0; i < 6; i++)
+        total += sizes[i];
+    float *scratch = malloc((size_t)total * sizeof(float));
+    if (!scratch)
+        return -1;
+    float *h = scratch, *qkv = h + sizes[0], *att = qkv + sizes[1], *y = att + sizes[2], *gu = y + sizes[3],
+          *m = gu + sizes[4];
+    int status = 0;
+    for (int64_t i = 0; i < count && !status; i++) {
+        const zenedge_layer *L = &layers[i];
+        zenedge_rms_norm(x, L->norm1, h, n, hidden, L->eps1);
+        if ((status = product(&L->qkv, h, qkv, n)))
+            break;
+        rope(qkv, n, H + H_kv, D, qkv_width, cos, sin);
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t j = 0; j < H_kv; j++) {
+                const int64_t at = b * L->strides[0] + j * L->strides[1] + positions[b] * L->strides[2];
+                memcpy(L->keys + at, qkv + b * qkv_width + (H + j) * D, (size_t)D * sizeof(float));
+                memcpy(L->values + at, qkv + b * qkv_width + (H + H_kv + j) * D, (size_t)D * sizeof(float));
+            }
+        if ((status = zenedge_decode_attention(qkv, L->keys, L->values, lengths, att, n, H, H_kv, length, D,
+                                               qkv_width, L->strides[0], L->strides[1], shape->attention_scale)))
+            break;
+        if ((status = product(&L->o, att, y, n)))
+            break;
+        add_into(x, y, n * hidden);
+        zenedge_rms_norm(x, L->norm2, h, n, hidden, L->eps2);
+        if ((status = product(&L->gate_up, h, gu, n)))
+            break;
+        zenedge_silu_mul(gu, m, n, I);
+        if ((status = product(&L->down, m, y, n)))
+            break;
+        add_into(x, y, n * hidden);
+    }
+    free(scratch);
+    return status;
+}

@@ -1,0 +1,85 @@
+"""The decode step in one C call (lean_llama.FusedStep, kernels/decode_step.c): where it runs (base
+rows, one LoRA, a hot BitDelta's int4 copies) its logits are bit for bit those of the Python step
+it replaces, so a request decodes the same whichever path a batch takes; where it cannot (mixed
+rows, a packed BitDelta, a dense copy dropped mid-request) the Python step runs."""
+
+import pytest
+import torch
+
+from tests.runtime.test_batch_invariance import NAMES, int4_engine, requests_for  # noqa: F401 (a fixture)
+from zenedge.kernels import native
+from zenedge.runtime import lean_llama
+from zenedge.runtime.layers import RowVariants
+from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
+
+pytestmark = pytest.mark.skipif(native.decode_step() is None, reason="no native CPU kernels on this machine")
+
+
+@pytest.fixture
+def kernels():
+    return "native"
+
+
+def head_inputs(resident, requests, monkeypatch, fused: bool):
+    """Every decode step's logits (the head's products) of `requests` run as one batch, and
+    whether each step's forward had a C step."""
+    head = resident.model.lm_head.fast
+    steps, built = [], []
+    product, build = head._matmul, lean_llama.FusedStep.build
+
+    def recording(x):
+        y = product(x)
+        steps.append(y.clone())
+        return y
+
+    def building(*args):
+        made = build(*args) if fused else None
+        built.append(made is not None)
+        return made
+
+    monkeypatch.setattr(head, "_matmul", recording, raising=False)
+    monkeypatch.setattr(lean_llama.FusedStep, "build", building)
+    for _ in generate(resident, requests):
+        pass
+    monkeypatch.undo()
+    return steps, built
+
+
+@pytest.mark.parametrize("names", [["tiny"], ["lora-a"], ["lora-b"], ["delta"], ["tiny", "tiny"],
+                                   ["lora-a", "lora-a", "lora-a"], ["delta-packed"], ["lora-a", "tiny", "delta"]])
+def test_the_c_step_gives_the_python_steps_logits_bit_for_bit(int4_engine, monkeypatch, names):
+    resident = int4_engine.resident("tiny")
+    all_requests = requests_for(int4_engine)
+    variants = {name: r.variant for name, r in zip(NAMES, all_requests)}
+    requests = [GenerationRequest(all_requests[1].input_ids, variants[name], SamplingParams(max_tokens=10))
+                for name in names]
+    c_steps, built = head_inputs(resident, requests, monkeypatch, fused=True)
+    python_steps, _ = head_inputs(resident, requests, monkeypatch, fused=False)
+    assert len(c_steps) == len(python_steps) == 9
+    assert all(torch.equal(a, b) for a, b in zip(c_steps, python_steps))
+    # one C step for a whole batch of base rows, one LoRA or a hot BitDelta; none for a packed
+    # BitDelta (its fp32 path) or rows with different variants
+    assert any(built) == (len(set(names)) == 1 and names[0] != "delta-packed")
+
+
+def test_a_dense_copy_dropped_mid_request_hands_the_step_back(int4_engine):
+    resident = int4_engine.resident("tiny")
+    delta = requests_for(int4_engine)[NAMES.index("delta")].variant
+    batch = RowVariants.build([delta], resident.device)
+    step = lean_llama.FusedStep.build(resident.model, lean_llama.LeanLlama(resident.model, batch), batch)
+    assert step is not None and step.hot
+    module, part = step.hot[0]
+    module.dense = None                                     # the cache dropped it
+
+    class View:                                             # only what is read before the check
+        host_lengths = [3]
+    assert step(torch.zeros(1, 64), torch.zeros(1, 16), torch.zeros(1, 16), View()) is False
+    module.dense = part
+
+
+def test_silu_mul_is_silu_of_the_gate_times_up():
+    silu_mul = native.silu_mul_fn(40)
+    gu = torch.randn(3, 80) * 8
+    assert torch.allclose(silu_mul(gu), torch.nn.functional.silu(gu[:, :40]) * gu[:, 40:], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="silu_mul"):
+        silu_mul(gu[:, :60].contiguous())
