@@ -176,3 +176,15 @@ def test_check_detects_a_missing_or_corrupt_blob(store, lora_factory, tmp_path):
     assert any("does not match" in p for p in store.check(deep=True))
     path.unlink()
     assert any("missing blob" in p for p in store.check())
+
+
+def test_among_equally_requested_adapters_the_one_serving_fewer_profiles_goes_first(store, lora_factory, tmp_path):
+    from zenedge.store import NewAdapter, NewName
+
+    cfg = cfg_with(tmp_path)
+    shared = store.put_adapter(NewAdapter(kind="merged", base="tiny", weights=lora_factory(seed=1) / "adapter_model.safetensors"),
+                               [NewName("a"), NewName("b")], budget=cfg.budget)
+    single = pool.import_lora(store, cfg, lora_factory(seed=2), "c", base="tiny")["adapter_id"]
+    assert [a["id"] for a in store.eviction_order()] == [single, shared]   # older, but serves two
+    store.record_requests(single, 3)
+    assert [a["id"] for a in store.eviction_order()] == [shared, single]   # requests come first

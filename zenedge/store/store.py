@@ -387,12 +387,16 @@ class Store:
 
     def eviction_order(self, now: float | None = None, pinned_names: Iterable[str] = ()) -> list[dict[str, Any]]:
         """Unpinned adapters (`pinned_ids`), least valuable first: lowest decayed request rate, then
-        least recent."""
+        fewest profiles served (among equally requested adapters, evicting a merge of three profiles
+        to admit one is the worst choice), then least recent."""
         now = time.time() if now is None else now
         pinned = self.pinned_ids(pinned_names)
+        serving: dict[str, int] = {}
+        for row in self.conn.execute("SELECT adapter_id, COUNT(*) FROM names GROUP BY adapter_id"):
+            serving[row[0]] = row[1]
         candidates = [a for a in self.adapters() if a["id"] not in pinned]
         return sorted(candidates, key=lambda a: (decayed_rate(a["request_rate"], a["rate_at"], now),
-                                                 a["last_used_at"], a["created_at"]))
+                                                 serving.get(a["id"], 0), a["last_used_at"], a["created_at"]))
 
     # -- internals -------------------------------------------------------------------------
     def _insert_blob(self, digest: str, size: int, role: str, now: float) -> None:
