@@ -17,10 +17,6 @@ def real_store(isolated_home, real_base_dir):
 
 
 @pytest.fixture
-def real_cfg(tmp_path):
-    from zenedge import config
-
-    path = tmp_path / "config" / "config.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\n')
-    return config.load(path)
+def real_cfg(cfg):
+    """The real base runs with the tiny model's settings: CPU, fp32, full weights."""
+    return cfg
