@@ -139,6 +139,34 @@ def test_stacked_int4_copies_multiply_like_their_parts_side_by_side(kind):
         assert torch.equal(torch.cat([p.linear(x, None) for p in odd], -1), cpu_weights.stacked(odd).linear(x, None))
 
 
+@needs["native"]
+@pytest.mark.parametrize("pages", ["huge", "none"])
+def test_settle_stacks_the_groups_and_moves_the_copies_without_changing_a_product(monkeypatch, pages):
+    """q/k/v and gate/up come out stacked (what lean_llama asks for), every C-kernel copy in one
+    2 MB-aligned block where the OS takes the advice (else where they were), products unchanged."""
+    torch.manual_seed(3)
+    shapes = {"l.q_proj": (128, 64), "l.k_proj": (64, 64), "l.v_proj": (64, 64), "l.o_proj": (64, 128),
+              "l.gate_proj": (192, 64), "l.up_proj": (192, 64), "lm_head": (96, 64)}
+    copies = {name: (cpu_weights.NativeInt8Weight if name == "lm_head" else NativeInt4Weight)(torch.randn(shape) * 0.05)
+              for name, shape in shapes.items()}
+    inputs = {name: torch.randn(3, shape[1]) for name, shape in shapes.items()}
+    before = {name: copy.linear(inputs[name], None) for name, copy in copies.items()}
+    if pages == "none":
+        monkeypatch.setattr(cpu_weights, "_huge_pages", lambda nbytes: None)
+    cpu_weights.settle(copies)
+    assert all(torch.equal(copy.linear(inputs[name], None), before[name]) for name, copy in copies.items())
+    qkv = cpu_weights.stacked([copies["l.q_proj"], copies["l.k_proj"], copies["l.v_proj"]])   # made by settle
+    assert qkv is copies["l.q_proj"]._stacked[1]
+    assert copies["l.k_proj"].codes.data_ptr() == qkv.codes[128:].data_ptr()
+    assert torch.equal(qkv.linear(inputs["l.q_proj"], None),
+                       torch.cat([copies[n].linear(inputs["l.q_proj"], None) for n in ("l.q_proj", "l.k_proj", "l.v_proj")], -1))
+    blocks = {copy.codes.untyped_storage().data_ptr() for copy in copies.values()}
+    if pages == "huge" and cpu_weights._huge_pages(1) is not None:
+        assert len(blocks) == 1 and qkv.codes.data_ptr() % (2 << 20) == 0
+    else:
+        assert len(blocks) > 1
+
+
 @needs["int4"]
 def test_an_int4_resident_is_close_to_fp32_and_adds_lora_rows_exactly(tiny_base_dir, lora_factory):
     from zenedge.runtime.variants import load_lora

@@ -23,6 +23,7 @@ import weakref
 
 import torch
 
+from zenedge.runtime import cpu_weights
 from zenedge.runtime.cache import DeltaCache
 from zenedge.runtime.variants import BitDeltaModule, Variant
 
@@ -54,6 +55,9 @@ def densify(variant: Variant, model: torch.nn.Module) -> None:
             weight, fast = _base_weight(model, name)
             dense = reconstruct_weight(weight, module.packed, module.alpha, dtype=weight.dtype)
             module.dense = type(fast)(dense) if fast is not None else dense
+    # stacked and in 2 MB pages as the base's copies are (cpu_weights.settle): read as fast
+    cpu_weights.settle({name: module.dense for name, module in variant.modules.items()
+                        if isinstance(module, BitDeltaModule) and isinstance(module.dense, cpu_weights.CpuWeight)})
 
 
 def undensify(variant: Variant) -> None:
