@@ -112,7 +112,9 @@ class PoolSettings:
     max_adapters: int = setting(_int_at_least(1), 8, "slot limit: stored adapters at most")
     quality_threshold: float = setting(_fraction, 0.7, "minimum retention a merge must keep for every member")
     merge_rank: str | int = setting(_merge_rank, "member", '"member" (largest member\'s rank) or a fixed rank cap')
-    on_no_merge: str = setting(_choice("evict", "refuse"), "evict", "when no merge passes the gate")
+    on_no_merge: str = setting(_choice("least-loss", "evict", "refuse"), "least-loss",
+                               "when no merge passes the gate: the best merge or eviction, whichever loses less; "
+                               "evict; or refuse")
     slot_threshold: float = setting(_fraction, 0.0,
                                     "K-Merge++: take a free slot only if similarity to all < this (0 = off)")
     maintain_interval: float = setting(_seconds, 600.0, "seconds between background maintenance runs (0 = off)")

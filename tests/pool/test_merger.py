@@ -57,7 +57,7 @@ def test_when_the_gate_fails_the_policy_evicts_or_refuses(store, tmp_path, make_
     with pytest.raises(BudgetExceeded, match="best merge kept"):
         pool.import_lora(store, refuse, b_dir, "beta", base="tiny", eval_path=b_eval)
     assert [n["name"] for n in store.names()] == ["alpha"] and store.merges() == []
-    evict = set_config(tmp_path, f"[pool]\n{budget}")
+    evict = set_config(tmp_path, f'[pool]\n{budget}on_no_merge = "evict"\n')
     result = pool.import_lora(store, evict, b_dir, "beta", base="tiny", eval_path=b_eval)
     assert result["action"] == "evicted" and result["evicted"] == ["alpha"]
     [attempt] = result["attempts"]  # the gate stopped at the first member below the threshold
@@ -235,3 +235,28 @@ def test_a_merger_without_a_running_engine_loads_only_the_plain_weights(store, t
     assert merger.resident.weights == "full"
     assert all(getattr(m, "fast", None) is None for m in merger.resident.model.modules())
     assert Engine(store, cfg).weights == "int4"   # a serving engine still converts
+
+
+@pytest.mark.parametrize("threshold, kept", [(0.99, "merged"), (0.99, "evicted")])
+def test_least_loss_takes_the_refused_merge_only_when_evicting_would_lose_more(store, tmp_path, make_profile,
+                                                                               threshold, kept):
+    """The default `on_no_merge = "least-loss"`: nothing keeps 0.99 of both gains, so room costs
+    quality either way. A near-copy merged loses far less than evicting alpha's whole gain; an
+    unrelated adapter (the "evicted" case) loses more than a whole profile when merged."""
+    a_dir, a_eval = make_profile("alpha", 1)
+    b_dir, b_eval = (make_profile("beta", 2, like=a_dir, noise=0.05) if kept == "merged"
+                     else make_profile("beta", 7))
+    size = (a_dir / "adapter_model.safetensors").stat().st_size
+    cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = {threshold}\n')
+    assert cfg.pool.on_no_merge == "least-loss"
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    weighed = result["attempts"][-1]
+    assert set(weighed["retention"]) == {"alpha", "beta"} and weighed["eviction_loses"] == 1
+    assert result["action"] == kept
+    if kept == "merged":
+        assert result["below_threshold"] and result["lost_gain"] < 1
+        assert store.resolve("alpha")["id"] == store.resolve("beta")["id"]
+    else:
+        assert weighed["lost_gain"] >= 1 and [n["name"] for n in store.names()] == ["beta"]
+    assert store.check(budget=cfg.budget) == []

@@ -1,11 +1,14 @@
 """Admission: what enters the pool. Incoming adapters are validated against their base, then
 stored when they fit; else merged into one of the most similar stored adapters if the quality
-gate passes (merger.py, the one merge loop); else room is made by evicting (request-rate-weighted
-LRU, never pinned) or the adapter is refused, as `pool.on_no_merge` says.
+gate passes (merger.py, the one merge loop); else, as `pool.on_no_merge` says, the best refused
+merge or an eviction (request-rate-weighted LRU, fewest profiles first, never pinned), whichever
+loses less of the profiles' gains ("least-loss", the default), an eviction ("evict"), or a refusal.
 """
 
 from __future__ import annotations
 
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -160,12 +163,22 @@ def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName
     return {**result, "profile": phases.profile()}
 
 
+@dataclass
+class Refused:
+    """A LoRA merge the gate refused, with what least-loss admission needs to measure or keep it."""
+
+    attempt: Any       # merger.Attempt
+    merger: Any        # the merger.PoolMerger that made it
+    incoming: Any      # merger.Incoming
+
+
 def _store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, engine,
                    phases: Phases) -> dict[str, Any]:
     attempts: list[dict[str, Any]] = []
+    refused: list[Refused] = []
     mergeable = adapter.kind in ("lora", "bitdelta")
     if mergeable and _prefers_merge(store, cfg, adapter):
-        merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases)
+        merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases, refused)
         if merged:
             return merged
     try:
@@ -173,7 +186,7 @@ def _store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewNam
             return _commit(store, cfg, adapter, entry, event, action="stored")
     except BudgetExceeded as pressure:
         if mergeable and not attempts:
-            merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases)
+            merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases, refused)
             if merged:
                 return merged
         if cfg.pool.on_no_merge == "refuse":
@@ -181,7 +194,12 @@ def _store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewNam
             detail = f"; best merge kept {best['retention']}" if best else "; nothing could be merged"
             raise BudgetExceeded(f"{pressure.message}{detail}; nothing was changed (pool.on_no_merge = \"refuse\")",
                                  hint=pressure.hint or "raise the budget or remove a profile") from None
-        return _evict_until_it_fits(store, cfg, adapter, entry, event, pressure, attempts, phases)
+        victims = _eviction_plan(store, cfg, adapter, entry, pressure)
+        if cfg.pool.on_no_merge == "least-loss" and refused:
+            merged = _least_loss_merge(store, cfg, adapter, entry, engine, refused, victims, attempts, phases)
+            if merged:
+                return merged
+        return _evict(store, cfg, adapter, entry, event, victims, attempts, phases)
 
 
 def _commit(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, action: str,
@@ -202,7 +220,8 @@ def _prefers_merge(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
 
 
 def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, engine,
-                          attempts: list[dict[str, Any]], phases: Phases) -> dict[str, Any] | None:
+                          attempts: list[dict[str, Any]], phases: Phases,
+                          refused: list[Refused]) -> dict[str, Any] | None:
     """Try the MERGE_CANDIDATES most similar stored adapters of the same kind (merger.py's loop)."""
     from zenedge.pool.merger import PoolMerger  # torch loads here, only when a merge is tried
 
@@ -213,15 +232,48 @@ def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry:
     if (candidates and slot_threshold > 0 and candidates[0][1] < slot_threshold and not attempts
             and _has_room(store, cfg, adapter)):
         return None  # K-Merge++: dissimilar to everything and a slot is free: take the slot
+    kept_out: list = []
     merged = merger.merge_first_kept(incoming, adapter.base, candidates, attempts=attempts, budget=cfg.budget,
-                                     max_adapters=cfg.pool.max_adapters, newcomer=entry)
+                                     max_adapters=cfg.pool.max_adapters, newcomer=entry, refused=kept_out)
     if merged is None:
+        refused += [Refused(attempt, merger, incoming) for attempt in kept_out]
         return None
     adapter_id, attempt = merged
+    return _merged_result(store, entry, adapter_id, attempt, attempts)
+
+
+def _merged_result(store: Store, entry: NewName, adapter_id: str, attempt, attempts: list[dict[str, Any]],
+                   **extra: Any) -> dict[str, Any]:
     row = store.adapter(adapter_id)
     return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"],
             "action": "merged", "merged_with": [n for n in attempt.members if n != entry.name],
-            "attempts": attempts}
+            "attempts": attempts, **extra}
+
+
+def _least_loss_merge(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, engine, refused: list[Refused],
+                      victims: list[str], attempts: list[dict[str, Any]], phases: Phases) -> dict[str, Any] | None:
+    """`pool.on_no_merge = "least-loss"`: no merge kept every member above the threshold, so room
+    costs quality either way. Evicting loses the evicted profiles' whole gains; the best refused
+    merge (the one whose failing member kept the most), measured on every member, loses what it
+    does not keep of each. Take the merge when it loses less."""
+    evicted = sum(len(store.names_of(v)) for v in victims)
+    choice = max(refused, key=lambda r: r.attempt.min_retention)
+    best, merger = choice.attempt, choice.merger
+    with phases.phase("gate", "weighing the best refused merge against evicting "
+                              f"{evicted} profile{'s' if evicted != 1 else ''}", candidate=best.candidate_id[:12]):
+        merger.measure_all(best, choice.incoming)
+    lost = best.lost_gain
+    attempts.append({**best.summary(), "lost_gain": round(lost, 4), "eviction_loses": evicted})
+    if lost >= evicted:
+        return None
+    with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
+        try:
+            adapter_id = merger.commit(best, adapter.base, Path(work), replaces=[best.candidate_id], budget=cfg.budget,
+                                       max_adapters=cfg.pool.max_adapters, newcomer=entry)
+        except BudgetExceeded:
+            return None
+    return _merged_result(store, entry, adapter_id, best, attempts, below_threshold=True,
+                          lost_gain=round(lost, 4), eviction_would_lose=evicted)
 
 
 def _incoming(adapter: NewAdapter, entry: NewName):
@@ -244,9 +296,10 @@ def _has_room(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
             and store.usage().adapters < cfg.pool.max_adapters)
 
 
-def _evict_until_it_fits(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str,
-                         pressure: BudgetExceeded, attempts: list[dict[str, Any]], phases: Phases) -> dict[str, Any]:
-    """Plan the evictions first (rate-weighted LRU, never pinned); evict only if the plan works."""
+def _eviction_plan(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName,
+                   pressure: BudgetExceeded) -> list[str]:
+    """The adapters to evict for the newcomer to fit (rate-weighted LRU, fewest profiles first,
+    never pinned), planned before anything is evicted: refused if even all of them would not do."""
     size = adapter.weights.stat().st_size
     replacing = (store.name(entry.name) or {}).get("adapter_id")
     alone = replacing is not None and len(store.names_of(replacing)) == 1
@@ -266,6 +319,11 @@ def _evict_until_it_fits(store: Store, cfg: Config, adapter: NewAdapter, entry: 
     if over_bytes > 0 or over_slots > 0:
         raise BudgetExceeded(f"{pressure.message}; evicting every unpinned adapter would not make room",
                              hint=pressure.hint) from None
+    return victims
+
+
+def _evict(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, victims: list[str],
+           attempts: list[dict[str, Any]], phases: Phases) -> dict[str, Any]:
     names = [n for victim in victims for n in store.names_of(victim)]
     with phases.phase("evict", f"evicting {', '.join(names)} to make room for {entry.name}", evicted=names):
         evicted = store.evict(victims, reason=f"making room for {entry.name!r}")

@@ -57,10 +57,17 @@ class Attempt:
     merged_path: Path | None = None  # the re-binarised file of a 1-bit merge
     qualities: dict[str, dict[str, Any]] = field(default_factory=dict)  # anchors measured on the way
     dtype: torch.dtype = torch.float32  # what a LoRA merge is stored in: the replaced adapter's dtype
+    candidate: dict[str, Any] | None = None  # the stored adapter's row (to measure or commit it later)
 
     @property
     def min_retention(self) -> float:
         return min((m.retention for m in self.measurements), default=0.0)
+
+    @property
+    def lost_gain(self) -> float:
+        """The members' gains this merge would lose, in profiles (0: keeps them all, 1 per member
+        kept no better than the base): what evicting a profile costs, for least-loss admission."""
+        return sum(1.0 - min(max(m.retention, 0.0), 1.0) for m in self.measurements)
 
     @property
     def accepted(self) -> bool:
@@ -135,10 +142,24 @@ class PoolMerger:
         # not twice them), and gated as stored.
         dtype = stored_dtype(self.store.blob_path(candidate["sha256"]))
         attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.pool.quality_threshold, state,
-                          dtype=dtype)
+                          dtype=dtype, candidate=candidate)
         own = self.variant(candidate["id"], stored)
         return self._gate(attempt, candidate, own, self.variant("candidate-merge", round_to(state.merged, dtype)),
                           incoming, self.variant("incoming", incoming.factors))
+
+    def measure_all(self, attempt: Attempt, incoming: Incoming) -> Attempt:
+        """A refused LoRA attempt measured on every member (the gate stopped at the first failure):
+        what least-loss admission weighs against an eviction."""
+        candidate = attempt.candidate
+        original = candidate["kind"] != "merged"
+        own = self.variant(candidate["id"], self.factors(candidate))
+        members = [self.member(name, own, original) for name in self.store.names_of(candidate["id"])]
+        members.append(Member(incoming.name, incoming.eval_path, incoming.quality,
+                              self.variant("incoming", incoming.factors), True))
+        merged = self.variant("candidate-merge", round_to(attempt.state.merged, attempt.dtype))
+        result = self.gate.check(members, merged, attempt.threshold, self.phases, stop_at_failure=False)
+        attempt.measurements, attempt.qualities = result.measurements, result.anchors
+        return attempt
 
     def delta_candidates(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
         from zenedge.bitdelta.fileformat import load_bitdelta
@@ -180,11 +201,12 @@ class PoolMerger:
     def merge_first_kept(self, incoming: Incoming, base: str, candidates: list[tuple[dict[str, Any], float]], *,
                          attempts: list[dict[str, Any]], budget: int, max_adapters: int | None = None,
                          also_replaces: tuple[str, ...] = (), newcomer: NewName | None = None,
-                         source: str = "merge") -> tuple[str, Attempt] | None:
+                         source: str = "merge", refused: list[Attempt] | None = None) -> tuple[str, Attempt] | None:
         """THE loop: merge `incoming` into each candidate in turn (fold, gate) and commit the first
         merge the gate keeps, replacing the candidate (and `also_replaces`). A kept merge the budget
         still refuses moves on to the next candidate. Every attempt's summary is appended to
-        `attempts`; returns (the merged adapter's id, its attempt), or None when nothing was kept."""
+        `attempts` (and refused LoRA attempts to `refused`, for least-loss admission); returns (the
+        merged adapter's id, its attempt), or None when nothing was kept."""
         for candidate, similarity in candidates:
             with tempfile.TemporaryDirectory(dir=self.store.blobs.tmp) as work:
                 if incoming.delta_path is not None:
@@ -195,6 +217,8 @@ class PoolMerger:
                 if newcomer is not None:  # anchors measured for the newcomer stay with it, merged or not
                     newcomer.quality = incoming.quality
                 if not attempt.accepted:
+                    if refused is not None and attempt.merged_path is None:
+                        refused.append(attempt)
                     continue
                 try:
                     adapter_id = self.commit(attempt, base, Path(work), replaces=[candidate["id"], *also_replaces],
