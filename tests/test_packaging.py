@@ -38,7 +38,7 @@ def test_the_c_kernels_sources_ship_with_the_package():
     from zenedge.kernels import native
 
     patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["zenedge.kernels"]
-    for source in native.SOURCES:
+    for source in native.SOURCES + native.HEADERS:
         assert source.exists() and any(fnmatch(source.name, pattern) for pattern in patterns), source.name
 
 
