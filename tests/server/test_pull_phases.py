@@ -22,7 +22,8 @@ def test_a_pull_under_pressure_streams_the_pool_phases(fresh_daemon, registry):
     assert final["status"] == "success" and final["policy"] in ("merged", "evicted")
     profile = final["profile"]
     assert [p["phase"] for p in profile["phases"]][:2] == ["rank", "fold"]
-    assert profile["by_phase"]["gate"] > 0 and profile["total_seconds"] >= profile["by_phase"]["gate"]
+    assert profile["by_phase"]["gate"] > 0
+    assert sum(profile["by_phase"].values()) <= profile["total_seconds"] + 0.001 * len(profile["phases"])
     with daemon.uds() as http:
         names = {m["name"] for m in http.get("/api/list").json()["models"]}
     assert "writer" in names and len(names) >= 4

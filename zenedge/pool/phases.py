@@ -31,18 +31,24 @@ class Phases:
     progress: Progress | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
+    open: str | None = None  # the phase being timed: phases never nest, so their seconds add up
+
 
     @contextmanager
     def phase(self, phase: str, status: str, **detail: Any) -> Iterator[dict[str, Any]]:
         """Report `status` now; on exit record the phase's seconds. The yielded dict takes details
         known only at the end (e.g. how many examples a gate pass read)."""
+        if self.open is not None:
+            raise RuntimeError(f"phase {phase!r} started inside {self.open!r}: its time would count twice")
         if self.progress is not None:
             self.progress({"status": status, "phase": phase, **detail})
         record = {"phase": phase, **detail}
         start = time.perf_counter()
+        self.open = phase
         try:
             yield record
         finally:
+            self.open = None
             record["seconds"] = round(time.perf_counter() - start, 3)
             self.records.append(record)
 
