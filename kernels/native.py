@@ -54,6 +54,7 @@ MAX_LORAS = 3               # decode_step.c's MAX_LORAS: LoRA slices per product
 
 _lock = threading.Lock()
 _loaded: list = []          # [the library, or None]: decided once per process
+_off: list = []             # [why the library is None], where it is
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -95,6 +96,14 @@ def library():
             if not _loaded:
                 _loaded.append(_load())
     return _loaded[0]
+
+
+def off_reason() -> str | None:
+    """Why `library()` is None here, or None while the kernels are loaded (what `doctor` and
+    /api/ps report). Decides, building the library if nothing has asked for it yet."""
+    if library() is not None:
+        return None
+    return _off[0] if _off else "turned off in this process"
 
 
 def int4_gemm():
@@ -236,6 +245,7 @@ def _load():
             text = str(exc).strip()
             reason = f"build failed: {text.splitlines()[-1] if text else repr(exc)}"
     log.info("native CPU kernels off (%s): torch's kernels are used", reason)
+    _off.append(reason)
     return None
 
 

@@ -30,3 +30,13 @@ def test_doctor_reports_checks_and_fails_on_a_broken_config(isolated_home, tmp_p
     broken = run_cli("doctor", "--json")
     assert broken.returncode == 1
     assert {c["check"]: c["status"] for c in json.loads(broken.stdout)}["config"] == "fail"
+
+
+def test_doctor_reports_each_stored_base_decode_path(store):
+    """Without a daemon, doctor reads each base's model classes (not its weights) and says which
+    stepper, forward and weights its requests would decode with here."""
+    store.close()
+    result = run_cli("doctor", "--json", env={"ZENEDGE_NATIVE_KERNELS": "0"})
+    path = next(c for c in json.loads(result.stdout) if c["check"] == "decode path (tiny)")
+    assert path["detail"].startswith("static stepper, lean forward, ") and "weights" in path["detail"]
+    assert "native kernels off (ZENEDGE_NATIVE_KERNELS=0)" in path["detail"] and path["status"] == "warn"

@@ -134,6 +134,22 @@ export interface CompletionRequest {
   prompt: string | Array<string>;
 }
 
+/** How a resident base's requests decode, decided by the functions the decode loop calls. */
+export interface DecodePath {
+  /** "static", "dynamic", or "graphed" (CUDA: requests of 8 new tokens or more; shorter ones run static) */
+  stepper: string;
+  /** "lean" (zenedge's Llama-family forward) or "transformers" */
+  forward: string;
+  /** the CPU matmul weight format: "full", "int8" or "int4" ("full" on CUDA) */
+  weights: string;
+  /** zenedge's C kernels for the CPU are loaded */
+  native_kernels: boolean;
+  /** why they are not */
+  native_kernels_off?: string | null;
+  /** why the forward is not the lean one */
+  lean_refused?: string | null;
+}
+
 export interface Embedding {
   object: "embedding";
   index: number;
@@ -518,6 +534,8 @@ export interface PullResult {
 export interface ResidentBase {
   name: string;
   load_seconds: number;
+  /** the decode path in use (absent from older daemons) */
+  decode?: DecodePath | null;
 }
 
 export interface RmRequest {

@@ -161,6 +161,42 @@ def test_models_with_sliding_windows_fall_back_to_the_reference(engine):
         config.sliding_window = None
 
 
+def test_the_decode_path_says_what_the_loop_runs(engine, tiny_base_dir):
+    """decode_path reports the stepper open_stepper picks and the forward _Forward uses, and why
+    the lean forward is not used where it is not; a model's skeleton (no weights) reports the same."""
+    from zenedge.kernels import native
+    from zenedge.runtime import lean_llama
+    from zenedge.runtime.model import skeleton
+
+    resident = engine.resident("tiny")
+    path = decode.decode_path(resident.model, resident.device, resident.weights)
+    assert (path.stepper, path.forward, path.weights, path.lean_refused) == ("static", "lean", "full", None)
+    assert path.native_kernels == (native.library() is not None)
+    assert path.native_kernels_off == native.off_reason()
+    assert decode.decode_path(skeleton(tiny_base_dir), resident.device, "full") == path
+    with decode.open_stepper(resident, decode.RowVariants.build([None], resident.device), 8, 4) as stepper:
+        assert isinstance(stepper, decode.StaticStepper) and stepper.forward.lean is not None
+    lean_llama.set_enabled(resident.model, False)
+    try:
+        off = decode.decode_path(resident.model, resident.device, resident.weights)
+        assert off.forward == "transformers" and "turned off" in off.lean_refused
+    finally:
+        lean_llama.set_enabled(resident.model, True)
+    config = resident.model.config
+    config.sliding_window, config.use_sliding_window = 16, True
+    try:
+        dynamic = decode.decode_path(resident.model, resident.device, resident.weights)
+        assert (dynamic.stepper, dynamic.forward) == ("dynamic", "transformers") and "dynamic" in dynamic.lean_refused
+    finally:
+        config.sliding_window = None
+
+
+def test_the_engine_reports_each_resident_decode_path(engine):
+    engine.resident("tiny")
+    (base,) = engine.ps()["bases"]
+    assert base["decode"]["stepper"] == "static" and base["decode"]["forward"] == "lean"
+
+
 # -- the cache object itself ------------------------------------------------------------------------
 
 LOW = torch.finfo(torch.float32).min

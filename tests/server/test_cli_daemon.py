@@ -33,6 +33,16 @@ def test_ps_through_the_daemon(daemon):
     assert "running" in table and "queued" in table
 
 
+def test_doctor_reports_the_daemon_decode_path(daemon):
+    """With a daemon up, doctor reports the path its loaded bases decode with, as /api/ps gives it."""
+    with daemon.uds() as http:
+        http.post("/v1/chat/completions", json=chat_body("p0", "hi", max_tokens=2))
+        decode = http.get("/api/ps").json()["bases"][0]["decode"]
+    checks = json.loads(run_cli("doctor", "--json", env=daemon.env()).stdout)
+    path = next(c for c in checks if c["check"] == "decode path (tiny, daemon)")
+    assert path["detail"].startswith(f"static stepper, lean forward, {decode['weights']} weights")
+
+
 def test_run_goes_through_the_daemon_with_the_same_answer(daemon):
     before = completed(daemon)
     printed = run_cli("run", "p1", "tell me a story", "--max-tokens", "12", env=daemon.env(), check=True).stdout

@@ -30,6 +30,9 @@ def test_health_list_ps_shapes(daemon):
     assert ps.device == "cpu" and ps.rss_bytes > 0
     assert {m.name for m in ps.models} == {"tiny", "p0"}  # Ollama's list, in the same body
     assert [b.name for b in ps.bases] == ["tiny"] and ps.bases[0].load_seconds > 0
+    decode = ps.bases[0].decode       # the daemon's decode path: the tiny llama takes the lean forward
+    assert decode.stepper == "static" and decode.forward == "lean" and decode.lean_refused is None
+    assert decode.native_kernels == (decode.native_kernels_off is None)
     variant = next(v for v in ps.variants if "p0" in v.names)
     assert variant.kind == "lora" and variant.bytes > 0 and variant.load_seconds > 0
     assert ps.cache_used_bytes >= variant.bytes and ps.scheduler.max_queue == 64

@@ -267,9 +267,22 @@ class PoolList(BaseModel):
     models: list[PoolEntry]
 
 
+class DecodePath(BaseModel):
+    """How a resident base's requests decode, decided by the functions the decode loop calls."""
+
+    stepper: str = Field(description='"static", "dynamic", or "graphed" (CUDA: requests of 8 new tokens or more; '
+                                     'shorter ones run static)')
+    forward: str = Field(description='"lean" (zenedge\'s Llama-family forward) or "transformers"')
+    weights: str = Field(description='the CPU matmul weight format: "full", "int8" or "int4" ("full" on CUDA)')
+    native_kernels: bool = Field(description="zenedge's C kernels for the CPU are loaded")
+    native_kernels_off: str | None = Field(None, description="why they are not")
+    lean_refused: str | None = Field(None, description="why the forward is not the lean one")
+
+
 class ResidentBase(BaseModel):
     name: str
     load_seconds: float
+    decode: DecodePath | None = Field(None, description="the decode path in use (absent from older daemons)")
 
 
 class CachedVariant(BaseModel):

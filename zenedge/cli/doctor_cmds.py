@@ -49,6 +49,9 @@ def _checks() -> list[dict]:
             add("runtime", "ok", f"{device.type}, {dtype} activations, {weights} weights")
         except ZenedgeError as exc:
             add("runtime", "fail", str(exc))
+        else:
+            for name, status, detail in _decode_paths(cfg, device, weights):
+                add(name, status, detail)
     from zenedge import bases
 
     try:
@@ -75,6 +78,56 @@ def _checks() -> list[dict]:
     return results
 
 
+def _decode_paths(cfg, device, weights: str) -> list[tuple[str, str, str]]:
+    """(check, status, detail) for each base's decode path: the running daemon's, as it reports
+    it, else what this machine's runtime would pick for each base in the pool (its model classes
+    read without its weights)."""
+    from dataclasses import asdict
+
+    from zenedge import paths
+    from zenedge.cli.daemon import find_daemon
+
+    client = find_daemon(cfg)
+    if client is not None:
+        ps = client.ps()
+        found = [(f"decode path ({base['name']}, daemon)", *_path_line(base["decode"], ps["device"]))
+                 for base in ps["bases"] if base.get("decode")]
+        return found or [("decode path", "ok", "the daemon has no base loaded yet")]
+    from zenedge.runtime.decode import decode_path
+    from zenedge.runtime.model import skeleton
+    from zenedge.store import Store
+
+    home = paths.home()
+    stored = Store(home).bases() if home.exists() else []
+    found = []
+    for base in stored:
+        path = decode_path(skeleton(home / base["dir"]), device, weights)
+        found.append((f"decode path ({base['name']})", *_path_line(asdict(path), device.type)))
+    if found:
+        return found
+    detail, off = f"{weights} weights", None
+    if device.type == "cpu":
+        from zenedge.kernels import native
+
+        off = native.off_reason()
+        detail += ", native kernels on" if off is None else f", native kernels off ({off})"
+    return [("decode path", "ok" if off is None else "warn",
+             detail + "; no base in the pool yet: its forward is decided by its model classes")]
+
+
+def _path_line(path: dict, device: str) -> tuple[str, str]:
+    """(status, detail) of one decode path (runtime.decode.DecodePath as a dict): a warning where
+    decoding runs slower than it could here."""
+    native = "native kernels on" if path["native_kernels"] else f"native kernels off ({path['native_kernels_off']})"
+    detail = f"{path['stepper']} stepper, {path['forward']} forward, {path['weights']} weights"
+    if device.startswith("cpu"):
+        detail += f", {native}"
+    if path["lean_refused"]:
+        detail += f"; lean forward refused: {path['lean_refused']}"
+    slow = path["lean_refused"] or (device.startswith("cpu") and not path["native_kernels"])
+    return "warn" if slow else "ok", detail
+
+
 def _version(package: str) -> str:
     try:
         from importlib.metadata import version
@@ -87,7 +140,7 @@ def _version(package: str) -> str:
 @click.command("doctor")
 @json_option
 def doctor(json_out: bool) -> None:
-    """Check the installation, the config, the default base and the pool."""
+    """Check the installation, the config, the default base, the pool and each base's decode path."""
     results = _checks()
     if json_out:
         print_json(results)

@@ -30,10 +30,12 @@ from __future__ import annotations
 import inspect
 import logging
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
 import torch
 
+from zenedge.kernels import native
 from zenedge.runtime import lean_llama
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
@@ -303,9 +305,7 @@ def open_stepper(resident: ResidentModel, batch: RowVariants, width: int, max_ne
     if kind not in STEPPERS:
         raise ValueError(f"stepper must be one of {', '.join(STEPPERS)}, got {kind!r}")
     if kind == "auto":
-        kind = "static" if static_cache_supported(resident.model) else "dynamic"
-        if kind == "static" and resident.device.type == "cuda" and resident.graphs and max_new >= GRAPH_MIN_TOKENS:
-            kind = "graphed"
+        kind = auto_stepper(resident.model, resident.device, resident.graphs, max_new)
     if kind == "dynamic":
         yield DynamicStepper(resident, batch)
         return
@@ -317,3 +317,35 @@ def open_stepper(resident: ResidentModel, batch: RowVariants, width: int, max_ne
         return
     with pool.acquire(rows, width + min(max_new, INITIAL_NEW_TOKENS)) as cache:
         yield StaticStepper(resident, batch, cache)
+
+
+def auto_stepper(model, device: torch.device, graphs: bool, max_new: int) -> str:
+    """The stepper `open_stepper(kind="auto")` opens for a request of `max_new` new tokens."""
+    kind = "static" if static_cache_supported(model) else "dynamic"
+    if kind == "static" and device.type == "cuda" and graphs and max_new >= GRAPH_MIN_TOKENS:
+        kind = "graphed"
+    return kind
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """How a base's requests decode (what `doctor` and /api/ps report), decided by the functions
+    the decode loop itself calls, so the report says what runs."""
+
+    stepper: str                # "static", "dynamic", or "graphed" (CUDA, GRAPH_MIN_TOKENS or more new tokens)
+    forward: str                # "lean" (lean_llama) or "transformers" (model(...))
+    weights: str                # the CPU matmul weight format (cpu_weights.py); "full" on CUDA
+    native_kernels: bool        # zenedge's C kernels for the CPU are loaded (kernels/native.py)
+    native_kernels_off: str | None = None   # why they are not
+    lean_refused: str | None = None         # why the forward is not the lean one
+
+
+def decode_path(model, device: torch.device, weights: str, graphs: bool = True) -> DecodePath:
+    """The decode path of `model` (a resident's, or a `model.skeleton`) on `device` with `weights`."""
+    stepper = auto_stepper(model, device, graphs, GRAPH_MIN_TOKENS)
+    if stepper == "dynamic":   # DynamicStepper never asks for the lean forward
+        refused = "the dynamic stepper (an attention layout the static cache does not model) runs transformers' forward"
+    else:
+        refused = lean_llama.refusal(model)
+    off = native.off_reason() if device.type == "cpu" else f"the model is on {device.type}, not the CPU"
+    return DecodePath(stepper, "transformers" if refused else "lean", weights, off is None, off, refused)

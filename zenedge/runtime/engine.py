@@ -4,13 +4,14 @@ the daemon and the benchmarks share."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from zenedge import bases
 from zenedge.config import Config
 from zenedge.errors import InvalidInput
 from zenedge.runtime.cache import DeltaCache
+from zenedge.runtime.decode import decode_path
 from zenedge.runtime.dense_bitdelta import DenseBitDeltas
 from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
 from zenedge.runtime.generate import (Delta, GenerationRequest, SamplingParams, check_fits, encode_chat, encode_text,
@@ -132,7 +133,9 @@ class Engine:
     def ps(self) -> dict[str, Any]:
         return {
             "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""), "weights": self.weights,
-            "bases": [{"name": r.name, "load_seconds": r.load_seconds} for r in self._residents.values()],
+            "bases": [{"name": r.name, "load_seconds": r.load_seconds,
+                       "decode": asdict(decode_path(r.model, r.device, r.weights, r.graphs))}
+                      for r in self._residents.values()],
             "cache_budget_bytes": self.cache.budget, "cache_used_bytes": self.cache.used_bytes,
             "variants": self.cache.snapshot(), "inflight": self.router.inflight_counts(),
         }

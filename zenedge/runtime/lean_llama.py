@@ -70,9 +70,16 @@ def lean_forward(model: nn.Module, batch=None) -> "LeanLlama | None":
     """The lean forward of `model` for one request's `batch` (its RowVariants), or None when it is
     disabled or the model is not supported. Checked and built per request (~1 ms of module
     lookups), so a module swapped or hooked after loading is picked up."""
-    if not getattr(model, _ENABLED_ATTR, True) or not supported(model):
+    if refusal(model) is not None:
         return None
     return LeanLlama(model, batch)
+
+
+def refusal(model: nn.Module) -> str | None:
+    """Why `lean_forward` gives no lean forward for `model` (None: it gives one)."""
+    if not getattr(model, _ENABLED_ATTR, True):
+        return "turned off for this model (lean_llama.set_enabled)"
+    return unsupported_reason(model)
 
 
 def unsupported_reason(model: nn.Module) -> str | None:

@@ -66,3 +66,15 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
     return ResidentModel(name, model, tokenizer, state, device, dtype, time.perf_counter() - start, eos_ids, weights)
+
+
+def skeleton(directory: Path) -> torch.nn.Module:
+    """The model `load_resident` would load from `directory`, without its weights (on the meta
+    device, in eval mode): its classes and config, which decide its decode path (`doctor` asks
+    without loading a base)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return model.eval()

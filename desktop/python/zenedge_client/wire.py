@@ -183,6 +183,19 @@ class CompletionRequest(_CompletionRequestRequired, total=False):
     n: Union[Literal[1], None]
 
 
+class _DecodePathRequired(TypedDict):
+    """How a resident base's requests decode, decided by the functions the decode loop calls."""
+    stepper: str
+    forward: str
+    weights: str
+    native_kernels: bool
+
+
+class DecodePath(_DecodePathRequired, total=False):
+    native_kernels_off: Union[str, None]
+    lean_refused: Union[str, None]
+
+
 class _EmbeddingRequired(TypedDict):
     object: Literal['embedding']
     index: int
@@ -662,7 +675,7 @@ class _ResidentBaseRequired(TypedDict):
 
 
 class ResidentBase(_ResidentBaseRequired, total=False):
-    pass
+    decode: Union["DecodePath", None]
 
 
 class _RmRequestRequired(TypedDict):
