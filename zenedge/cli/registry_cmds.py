@@ -51,11 +51,18 @@ def registry() -> None:
 
 @registry.command("build")
 @click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--anchors", is_flag=True,
+              help="First measure each LoRA profile's eval set on the base and on its adapter (anchors.json), "
+                   "so pulls that merge it skip that work.")
 @json_option
-def build(directory: Path, json_out: bool) -> None:
+def build(directory: Path, anchors: bool, json_out: bool) -> None:
     """Write index.json and a manifest.json per profile folder in DIRECTORY."""
     from zenedge.registry.builder import build_registry
 
+    if anchors:
+        from zenedge.pool.publish import measure_registry_anchors
+
+        measure_registry_anchors(open_store(), load_config(), directory, progress=None if json_out else click.echo)
     manifests = build_registry(directory, progress=None if json_out else click.echo)
     if json_out:
         return print_json([m.to_json() for m in manifests])

@@ -81,8 +81,9 @@ def _checked_inputs(store: Store, name: str, path: Path, eval_path: Path | None,
 def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                 eval_path: Path | None = None, version: str = "", description: str = "",
                 origin: dict[str, Any] | None = None, engine=None,
-                progress: Progress | None = None) -> dict[str, Any]:
-    """Validate a PEFT LoRA directory against its base and store it under `name`."""
+                progress: Progress | None = None, anchors: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate a PEFT LoRA directory against its base and store it under `name`. `anchors`: the
+    eval set's base and own losses as a registry published them (gate.claimed_quality)."""
     base_row = _checked_inputs(store, name, path, eval_path, base, progress)
     modules = {m: tuple(s) for m, s in base_row["modules"].items()}
     lora = read_lora_dir(Path(path), modules)
@@ -96,14 +97,20 @@ def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str |
         origin=origin or {"source": "import", "path": str(Path(path).resolve())},
     )
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
-                    origin=adapter.origin)
+                    quality=_claimed(anchors, eval_path), origin=adapter.origin)
     return store_adapter(store, cfg, adapter, entry, engine=engine, progress=progress)
+
+
+def _claimed(anchors: dict[str, Any] | None, eval_path: Path | None) -> dict[str, Any]:
+    from zenedge.pool.gate import claimed_quality
+
+    return claimed_quality(anchors) if anchors and eval_path else {}
 
 
 def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                     eval_path: Path | None = None, version: str = "", description: str = "",
                     origin: dict[str, Any] | None = None, engine=None,
-                    progress: Progress | None = None) -> dict[str, Any]:
+                    progress: Progress | None = None, anchors: dict[str, Any] | None = None) -> dict[str, Any]:
     """Validate a BitDelta file (format, shapes against the base, base hash) and store it."""
     from zenedge.bitdelta.fileformat import load_bitdelta
 
@@ -133,7 +140,7 @@ def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: s
         origin=origin or {"source": "import", "path": str(Path(path).resolve())},
     )
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
-                    origin=adapter.origin)
+                    quality=_claimed(anchors, eval_path), origin=adapter.origin)
     return store_adapter(store, cfg, adapter, entry, engine=engine, progress=progress)
 
 

@@ -52,6 +52,11 @@ INDIFFERENCE = 0.05   # a retention known to ±this around the threshold is too 
 MAX_LEN = 384
 SCORE_BATCH = 16
 MIN_SHARED = 8        # shorter shared prefixes are not worth a separate pass
+VERIFY_EXAMPLES = 2   # examples of a registry's claimed anchors re-measured (base and own) before they are used
+# How far a re-measured summed answer loss may sit from the claimed one: bf16 vs fp32 scoring moved
+# them by up to 0.08 nats per token on 3-token answers (arith), 0.02 on long ones; another base or a
+# wrong adapter moves them by nats.
+VERIFY_SLACK, VERIFY_PER_TOKEN = 0.5, 0.05
 GAIN_EPS = 1e-3       # below this (nats per token), the member did not improve on the base: nothing to keep
 ACCURACY_GAIN = 0.05  # a member whose own adapter gets this much more of its answer tokens right than the
                       # base (teacher-forced argmax) may also pass on keeping that gain (see `verdict_of`)
@@ -285,7 +290,7 @@ class QualityGate:
         sets: list[_Set] = []
         for member in members:
             try:
-                prepared = self._prepare(member)
+                prepared = self._prepare(member, phases)
             except EvalSetError as exc:  # a broken stored set must not block merges: judge by the proxy
                 phases.note(f"{member.name}: eval set unusable ({exc}); using the data-free proxy", "gate",
                             member=member.name)
@@ -320,12 +325,15 @@ class QualityGate:
         result.anchors = self._anchors(sets)
         return result
 
-    def _prepare(self, member: Member) -> _Set | None:
+    def _prepare(self, member: Member, phases: Phases) -> _Set | None:
         if member.eval_path is None:
             return None
         quality = member.quality or {}
         per_example = quality.get("per_example")
         digest, examples = self.encoded(member.eval_path)
+        if (per_example and per_example.get("order") == digest and quality.get("claimed") and member.original
+                and not self._confirms(member, per_example, examples, phases)):
+            per_example = None  # the registry's anchors are not this base's numbers: measure them here
         if per_example and per_example.get("order") == digest:
             known = len(per_example["base"])
             population = len(examples) if member.original else known
@@ -342,6 +350,35 @@ class QualityGate:
             count = min(len(examples), int(quality.get("examples") or len(examples)))
             return _Set(member, examples[:count], count, [], [], order=digest, legacy=True)
         return None
+
+    def _confirms(self, member: Member, claimed: dict[str, Any], examples: list[EncodedExample],
+                  phases: Phases) -> bool:
+        """Re-measure the first VERIFY_EXAMPLES of a registry's claimed anchors (base and own): a
+        registry is untrusted, and anchors from another base or scorer would skew every verdict."""
+        count = min(VERIFY_EXAMPLES, len(examples), len(claimed["base"]))
+        rows = [(variant, examples[i]) for i in range(count) for variant in (None, member.current)]
+        with phases.phase("anchors", f"checking the registry's measurements of {member.name}",
+                          members=[member.name]) as rec:
+            values = self.score(rows)
+            rec["rows"] = len(rows)
+        for i in range(count):
+            tolerance = VERIFY_SLACK + VERIFY_PER_TOKEN * len(examples[i].answer_ids)
+            (base, _), (own, _) = values[2 * i], values[2 * i + 1]
+            if abs(base - claimed["base"][i]) > tolerance or abs(own - claimed["own"][i]) > tolerance:
+                phases.note(f"{member.name}: the registry's measurements do not match this base; measuring them",
+                            "anchors", member=member.name)
+                return False
+        return True
+
+    def measure_anchors(self, name: str, eval_path: Path, own: Variant, phases: Phases | None = None) -> dict[str, Any]:
+        """A profile's anchors on every example the gate may read (what a registry publishes)."""
+        member = Member(name, eval_path, {}, own, True)
+        prepared = self._prepare(member, phases or Phases())
+        if prepared is None:
+            raise EvalSetError(f"{eval_path}: no examples to measure")
+        self._anchor_round([prepared], {id(prepared): prepared.population}, phases or Phases())
+        quality = self._anchors([prepared])[name]
+        return {"scorer": quality["scorer"], **quality["per_example"]}
 
     def _anchor_round(self, sets: list[_Set], needed: dict[int, int], phases: Phases) -> None:
         rows, where = [], []
@@ -435,3 +472,11 @@ class QualityGate:
         if drift < 1e-6:
             return 1.0
         return max(0.0, 1.0 - kl(self._log_probs(merged)) / drift)
+
+
+def claimed_quality(anchors: dict[str, Any]) -> dict[str, Any]:
+    """A registry's published anchors as a name's stored quality, marked as claimed until the gate
+    has re-measured some of them (`QualityGate._confirms`)."""
+    per_example = {key: anchors[key] for key in ("order", "base", "own", "base_hits", "own_hits")}
+    return {"metric": "loss", "claimed": True, "scorer": anchors.get("scorer", ""),
+            "examples": len(per_example["base"]), "per_example": per_example}

@@ -6,6 +6,11 @@
                                "files": [{"path", "sha256", "size", "role"}], "eval": {...} | null,
                                "license", "recipe": {...}}
 
+A manifest's eval entry may carry `anchors`: the profile's base and own answer losses (and answer
+tokens right) per eval example, as the quality gate reads them, measured once by the publisher
+(`zenedge registry build --anchors`). A pull that has to merge then skips measuring them; the gate
+re-measures a few examples before relying on them (pool/gate.py), since a registry is untrusted.
+
 Paths in a manifest are relative to the manifest's folder and are validated strictly (no
 absolute paths, no `..`, no backslashes) before anything touches the file system, because a
 remote registry is untrusted input.
@@ -14,6 +19,7 @@ remote registry is untrusted input.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -27,6 +33,7 @@ MANIFEST_FORMAT = "zenedge-manifest/1"
 KINDS = ("lora", "bitdelta")
 ROLES = ("config", "weights")
 MAX_FILE_BYTES = 64 * 2**30
+MAX_ANCHORS = 256
 _PART = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -66,6 +73,7 @@ class Manifest:
     eval_metric: str
     license: str
     recipe: dict[str, Any] = field(default_factory=dict)
+    eval_anchors: dict[str, Any] | None = None
 
     @property
     def size(self) -> int:
@@ -83,7 +91,8 @@ class Manifest:
             "description": self.description, "kind": self.kind,
             "base": {"name": self.base_name, "sha256": self.base_sha256},
             "files": [vars(f) for f in self.files],
-            "eval": ({**{k: v for k, v in vars(self.eval).items() if k != "role"}, "metric": self.eval_metric}
+            "eval": ({**{k: v for k, v in vars(self.eval).items() if k != "role"}, "metric": self.eval_metric,
+                      **({"anchors": self.eval_anchors} if self.eval_anchors else {})}
                      if self.eval else None),
             "license": self.license, "recipe": self.recipe,
         }
@@ -103,6 +112,32 @@ def _file_entry(raw: Any, where: str, role: str | None = None) -> FileEntry:
     if role not in ROLES and role != "eval":
         raise RegistryError(f"{where}: unknown file role {role!r}")
     return FileEntry(check_relative_path(raw.get("path"), where), digest, size, role)
+
+
+def parse_anchors(raw: Any, where: str) -> dict[str, Any]:
+    """Per-example anchors, checked for shape only (their values are re-measured in part by the gate)."""
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{where}: eval anchors must be an object")
+    order, scorer = raw.get("order"), raw.get("scorer", "")
+    if not isinstance(order, str) or not re.fullmatch(r"[0-9a-f]{16}", order) or not isinstance(scorer, str):
+        raise RegistryError(f"{where}: eval anchors need an order (16 hex digits) and a scorer name")
+    lists = {}
+    for key, kind in (("base", float), ("own", float), ("base_hits", int), ("own_hits", int)):
+        values = raw.get(key)
+        if (not isinstance(values, list) or not 1 <= len(values) <= MAX_ANCHORS
+                or not all(_anchor_value(v, kind) for v in values)):
+            raise RegistryError(f"{where}: eval anchors {key!r} must be a list of 1 to {MAX_ANCHORS} "
+                                f"non-negative {'numbers' if kind is float else 'whole numbers'}")
+        lists[key] = [kind(v) for v in values]
+    if len({len(v) for v in lists.values()}) != 1:
+        raise RegistryError(f"{where}: eval anchors lists differ in length")
+    return {"order": order, "scorer": scorer[:64], **lists}
+
+
+def _anchor_value(value: Any, kind: type) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        return False
+    return math.isfinite(value) and 0 <= value < 1e9
 
 
 def parse_manifest(data: bytes | str, where: str) -> Manifest:
@@ -130,6 +165,7 @@ def parse_manifest(data: bytes | str, where: str) -> Manifest:
         raise RegistryError(f"{where}: duplicate file paths")
     evaluation = raw.get("eval")
     eval_entry = _file_entry(evaluation, where, role="eval") if evaluation else None
+    anchors = evaluation.get("anchors") if isinstance(evaluation, dict) else None
     text = {k: raw.get(k, "") for k in ("version", "description", "license")}
     if not all(isinstance(v, str) and len(v) < 1000 for v in text.values()):
         raise RegistryError(f"{where}: version, description and license must be short strings")
@@ -138,6 +174,7 @@ def parse_manifest(data: bytes | str, where: str) -> Manifest:
         base_name=base["name"], base_sha256=str(base.get("sha256", "")), files=entries, eval=eval_entry,
         eval_metric=str((evaluation or {}).get("metric", "loss")), license=text["license"],
         recipe=raw.get("recipe") if isinstance(raw.get("recipe"), dict) else {},
+        eval_anchors=parse_anchors(anchors, where) if anchors is not None else None,
     )
     manifest.file("weights")
     if kind == "lora":

@@ -167,12 +167,12 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
             result = admission.import_lora(
                 store, cfg, lora_dir, manifest.name, base=base["name"], eval_path=eval_path,
                 version=manifest.version, description=manifest.description, origin=origin, engine=engine,
-                progress=progress)
+                progress=progress, anchors=manifest.eval_anchors)
         else:
             result = admission.import_bitdelta(
                 store, cfg, staging / weights.path, manifest.name, base=base["name"], eval_path=eval_path,
                 version=manifest.version, description=manifest.description, origin=origin, engine=engine,
-                progress=progress)
+                progress=progress, anchors=manifest.eval_anchors)
     report({"status": "success", "name": manifest.name})
     return _result(store, manifest, result["adapter_id"], policy_result=result)
 
