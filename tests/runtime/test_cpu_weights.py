@@ -1,9 +1,7 @@
 """Weight-only int8 / int4 CPU copies: the kernels (torch's, and zenedge's C kernel for int4)
 multiply by what the quantizer says they do, rounding stays within the format's step, shapes a
-kernel cannot take stay plain, and a resident served from int4 copies keeps LoRA rows exact on
-top of it and densifies BitDelta in int4 too."""
-
-import json
+kernel cannot take stay plain, and a resident served from int4 copies densifies BitDelta in int4
+too (giving a model its copies: test_transforms.py)."""
 
 import pytest
 import torch
@@ -12,7 +10,6 @@ from zenedge.kernels import native
 from zenedge.runtime import cpu_weights
 from zenedge.runtime.cpu_weights import Int4Weight, Int8Weight, NativeInt4Weight, OneDnnBF16, fast_copy
 from zenedge.runtime.dense_bitdelta import dense_nbytes, densify
-from zenedge.runtime.layers import VariantLinear
 from zenedge.runtime.model import load_resident
 
 CPU = torch.device("cpu")
@@ -165,46 +162,6 @@ def test_settle_stacks_the_groups_and_moves_the_copies_without_changing_a_produc
         assert len(blocks) == 1 and qkv.codes.data_ptr() % (2 << 20) == 0
     else:
         assert len(blocks) > 1
-
-
-@needs["int4"]
-def test_an_int4_resident_is_close_to_fp32_and_adds_lora_rows_exactly(tiny_base_dir, lora_factory):
-    from zenedge.runtime.variants import load_lora
-
-    full = load_resident("tiny", tiny_base_dir, CPU, torch.float32)
-    int4 = load_resident("tiny", tiny_base_dir, CPU, torch.float32, weights="int4")
-    linears = [m for m in int4.model.modules() if isinstance(m, VariantLinear)]
-    assert linears and all(isinstance(m.fast, INT4) for m in linears)
-    assert isinstance(int4.model.lm_head, cpu_weights.FastLinear)
-    if native.int8_gemm() is not None:            # the head in Q8_0 (groups of 32), through the C kernel
-        assert isinstance(int4.model.lm_head.fast, cpu_weights.NativeInt8Weight)
-    elif cpu_weights.onednn_bf16_available():    # else bf16: its rounding lands in the logits
-        assert isinstance(int4.model.lm_head.fast, cpu_weights.OneDnnBF16)
-    assert int4.model.lm_head.weight is int4.model.model.embed_tokens.weight      # still tied
-    assert all(m.fast is None for m in full.model.modules() if isinstance(m, VariantLinear))
-
-    ids = torch.randint(3, 99, (3, 10))
-    with torch.inference_mode():
-        exact = full.model(input_ids=ids).logits
-        quant = int4.model(input_ids=ids).logits
-    assert 0 < (quant - exact).abs().max() < 0.1 * exact.abs().max()
-
-    adapter = lora_factory(seed=3)
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    lora = load_lora("l", "lora", adapter / "adapter_model.safetensors", config, CPU, torch.float32)
-    # The LoRA path runs in full precision beside the quantized base: a row's variant adds the
-    # same delta to the int4 model as to the fp32 one (layer 0's q_proj, where inputs agree).
-    name = next(n for n in lora.modules if "layers.0.self_attn.q_proj" in n)
-    x = torch.randn(2, 4, 64)
-    for resident in (full, int4):
-        module = resident.model.get_submodule(name)
-        with torch.inference_mode():
-            base = module(x)
-            with resident.state.using([lora, lora]):
-                delta = module(x) - base
-        if resident is full:
-            want = delta
-    assert torch.allclose(delta, want, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype, weights, kind, tolerance", [

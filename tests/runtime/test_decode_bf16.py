@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from zenedge.runtime import cpu_weights
-from zenedge.runtime.layers import VariantLinear
+from zenedge.runtime.layers import FastLinear, VariantLinear
 from zenedge.runtime.model import load_resident
 
 CPU = torch.device("cpu")
@@ -30,7 +30,7 @@ def test_packed_bf16_model_matches_the_plain_one(tiny_base_dir, monkeypatch):
     fp32 = load_resident("tiny", tiny_base_dir, CPU, torch.float32)
     linears = [m for m in packed.model.modules() if isinstance(m, VariantLinear)]
     assert linears and all(isinstance(m.fast, cpu_weights.OneDnnBF16) for m in linears)
-    assert isinstance(packed.model.lm_head, cpu_weights.FastLinear)
+    assert isinstance(packed.model.lm_head, FastLinear)
     assert packed.model.lm_head.weight is packed.model.model.embed_tokens.weight     # still tied
     assert all(m.fast is None for m in plain.model.modules() if isinstance(m, VariantLinear))
     ids = torch.randint(3, 99, (3, 10))

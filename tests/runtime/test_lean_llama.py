@@ -11,10 +11,11 @@ from tests.conftest import tiny_tokenizer
 from zenedge.bitdelta.packing import pack_signs
 from zenedge.merge.factors import LoraFactors
 from zenedge.kernels import native
-from zenedge.runtime import cpu_weights, decode, lean_llama
+from zenedge.runtime import cpu_weights, decode, layers, lean_llama
 from zenedge.runtime.dense_bitdelta import densify, undensify
 from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
-from zenedge.runtime.layers import RowVariants, patch_model
+from zenedge.runtime.layers import RowVariants
+from zenedge.runtime.transforms import convert_model, patch_model
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import BitDeltaModule, Variant
 
@@ -194,7 +195,7 @@ def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, int4_k
         for layer in resident.model.model.layers:
             for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.up_proj):
                 linear.base.bias.normal_(0, 0.5)
-    cpu_weights.convert_model(resident.model, "int4")
+    convert_model(resident.model, "int4")
     variants = {"base": [None, None], "lora": [lora(resident, 1)] * 2, "bitdelta": [bitdelta(resident, 2)] * 2,
                 "hot-bitdelta": [bitdelta(resident, 2)] * 2, "mixed": [lora(resident, 1), None]}[rows]
     if rows == "hot-bitdelta":
@@ -210,8 +211,8 @@ def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, int4_k
     assert (stacked is not None) == (rows in ("base", "lora", "hot-bitdelta") or settled)   # else one by one
     with monkeypatch.context() as m:                                  # every linear called as a module
         m.setattr(lean_llama.FusedStep, "build", classmethod(lambda cls, *args: None))   # (`bound`: the C step)
-        m.setattr(lean_llama, "_bound", lambda linear, batch, cast=True: linear)
-        m.setattr(lean_llama, "_products", lambda linears, batch: lean_llama._each(*linears))
+        m.setattr(lean_llama, "bound", lambda linear, batch, cast=True: linear)
+        m.setattr(lean_llama, "products", lambda linears, batch: layers.each(*linears))
         modules = step_logits(resident, variants, prompts, lean=True)
     assert torch.equal(bound, modules)
     # Against transformers' forward over the same int4 copies: torch's kernel rounds its inputs to
@@ -225,11 +226,11 @@ def test_a_bound_bitdelta_linear_follows_its_dense_copy_mid_request(int4_kernel)
     """The delta cache may densify a variant, or drop its dense copy, while a request decodes: the
     bound step reads the module's state per call, as the module does."""
     resident = tiny_resident(hidden_size=128, intermediate_size=128, num_key_value_heads=2)
-    cpu_weights.convert_model(resident.model, "int4")
+    convert_model(resident.model, "int4")
     variant = bitdelta(resident, 2)
     linear = resident.model.model.layers[0].mlp.down_proj
     batch = RowVariants.build([variant], CPU)
-    step = linear.bound(batch)
+    step = layers.bound(linear, batch)
     x = torch.randn(1, linear.base.in_features)
     with torch.inference_mode(), resident.state.applied(batch):
         cold = step(x)
@@ -244,7 +245,7 @@ def test_a_bound_bitdelta_linear_follows_its_dense_copy_mid_request(int4_kernel)
     attention = resident.model.model.layers[0].self_attn
     projections = (attention.q_proj, attention.k_proj, attention.v_proj)
     densify(variant, resident.model)
-    qkv = lean_llama._products(projections, batch)
+    qkv = layers.products(projections, batch)
     x = torch.randn(1, attention.q_proj.base.in_features)
     with torch.inference_mode(), resident.state.applied(batch):
         def modules():

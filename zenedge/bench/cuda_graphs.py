@@ -34,7 +34,7 @@ class IdsTokenizer:
 def random_resident(shape: dict, dtype: torch.dtype, device: torch.device, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from zenedge.runtime.layers import patch_model
+    from zenedge.runtime.transforms import patch_model
     from zenedge.runtime.model import ResidentModel
 
     torch.manual_seed(seed)

@@ -183,8 +183,7 @@ def _weight_bytes(model) -> int:
     the head; the embedding lookup reads one row)."""
     import torch
 
-    from zenedge.runtime.cpu_weights import FastLinear
-    from zenedge.runtime.layers import VariantLinear
+    from zenedge.runtime.layers import FastLinear, VariantLinear
 
     wrappers = [m for m in model.modules() if isinstance(m, (VariantLinear, FastLinear))]
     inside = {id(m.base) for m in wrappers}          # counted through their wrapper

@@ -32,13 +32,15 @@ copies + bf16 head: +23 % of an fp32 SmolLM2-135M, 123 MB beside 540).
 `runtime.weights` picks the format: "full" (the model dtype's own weights, packed when bf16),
 "int8" or "int4"; CPU only. A weight whose shape a kernel cannot take stays plain.
 
-A decode step calls `matmul_fn`'s kernel directly (lean_llama.py binds them once per request),
+A decode step calls `matmul_fn`'s kernel directly (layers.py binds them once per request),
 and reads q/k/v and gate/up through one `stacked` int4 copy each: one kernel call instead of
 three or two, bit for bit the same products.
 
 `settle` stacks those groups when a model is converted (or a BitDelta densified) and moves the C
 kernels' copies into 2 MB pages: streaming a model's weights through 4 KB pages, a core spends
 much of its time on TLB misses (this VM: 15 GB/s read through 4 KB pages, 30 GB/s through 2 MB).
+This module knows weights, not models: it imports nothing else of the runtime. Giving a model its
+copies is `transforms.convert_model`; the head's wrapper module is `layers.FastLinear`.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ import weakref
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from zenedge.kernels import native
 
@@ -322,8 +323,6 @@ def _int4_quantized(weight: torch.Tensor, group: int):
 
 
 _FORMATS = {"bf16": OneDnnBF16, "int8": Int8Weight, "int4": Int4Weight}
-# The output head's format for each model format (see OneDnnBF16, NativeInt8Weight).
-_HEAD_FORMATS = {"int8": "bf16", "int4": "q8"}
 
 
 def onednn_bf16_available() -> bool:
@@ -362,35 +361,6 @@ def fast_copy(weight: torch.Tensor, fmt: str) -> CpuWeight | None:
     tensor)."""
     cls = _format_class(weight, fmt)
     return cls(weight) if cls is not None else None
-
-
-class FastLinear(nn.Module):
-    """An nn.Linear (the output head) that multiplies with a fast copy; `.weight` is still the
-    plain parameter, so a tied embedding stays tied. `state` (the model's VariantState) says
-    when a forward wants the plain weight instead."""
-
-    def __init__(self, base: nn.Linear, fast: CpuWeight, state=None):
-        super().__init__()
-        self.base = base
-        self.fast = fast
-        self.state = state
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base.weight
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.base.bias
-
-    def bound(self, batch=None):
-        """The fast copy's own product for a decode step (not plain): see VariantLinear.bound."""
-        return self.fast.matmul_fn(self.base.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fast.lossy and self.state is not None and self.state.plain:
-            return F.linear(x, self.base.weight, self.base.bias)
-        return self.fast.linear(x, self.base.bias)
 
 
 _stacking = threading.Lock()
@@ -479,24 +449,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor | CpuWeight, bias: torch.Tensor
     if isinstance(weight, CpuWeight):
         return weight.linear(x, bias)
     return F.linear(x, weight, bias)
-
-
-def convert_model(model: nn.Module, fmt: str) -> None:
-    """Give every VariantLinear a fast copy of its base weight in `fmt` and wrap the other
-    linears (the output head) in FastLinear: bf16 when `fmt` is int8, Q8_0 (or bf16) when int4."""
-    from zenedge.runtime.layers import VariantLinear
-
-    state = next((m.state for m in model.modules() if isinstance(m, VariantLinear)), None)
-    copies = {}
-    for name, module in list(model.named_modules()):
-        if isinstance(module, VariantLinear):
-            module.fast = copies[name] = fast_copy(module.base.weight, fmt)
-        elif type(module) is nn.Linear:
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            if isinstance(parent, VariantLinear):            # a VariantLinear's own base: done above
-                continue
-            fast = copies[name] = fast_copy(module.weight, _HEAD_FORMATS.get(fmt, fmt))
-            if fast is not None:
-                setattr(parent, child, FastLinear(module, fast, state))
-    settle({name: copy for name, copy in copies.items() if copy is not None})

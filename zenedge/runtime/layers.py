@@ -1,9 +1,16 @@
-"""The model transform: target nn.Linear modules become VariantLinear, which adds, per batch row,
-that row's variant (LoRA low-rank path, BitDelta 1-bit path) on top of the untouched base weight.
+"""Per-row binding of variants: what each target linear computes for the rows of a batch.
 
-The model itself knows nothing about adapters (as in gpt-fast, the transform is applied from
-outside). Which variant each row uses is set for a forward pass through a shared `RowVariants`
-object, so one forward serves a mixed batch.
+`transforms.patch_model` makes the target nn.Linear modules VariantLinear, which adds, per batch
+row, that row's variant (LoRA low-rank path, BitDelta 1-bit path) on top of the untouched base
+weight; the model itself knows nothing about adapters (as in gpt-fast, the transform is applied
+from outside). Which variant each row uses is set for a forward pass through a shared
+`RowVariants` object, so one forward serves a mixed batch.
+
+A decode step (lean_llama.py) does not call the modules: it calls what `bound` and `products`
+give once per request (the base kernel itself, plus the LoRA product, or the hot BitDelta's
+dense copy, where one variant covers every row; q/k/v and gate/up as one stacked product), and
+`step_product` tells its C step what those multiply by. The modules themselves serve prefills,
+scoring and mixed rows.
 
 In a decode step the rows are different requests, and a request must get the same tokens alone as
 in any batch: every product here then sums a row the same way whatever the other rows are. The
@@ -26,6 +33,7 @@ from torch import nn
 
 from zenedge.kernels import native
 from zenedge.merge.factors import LoraFactors
+from zenedge.runtime import cpu_weights
 from zenedge.runtime.cpu_weights import CpuWeight, linear as fast_linear
 from zenedge.runtime.variants import BitDeltaModule, Variant
 
@@ -168,6 +176,35 @@ class VariantLinear(nn.Module):
         return out.reshape(*shape[:-1], out.shape[-1])
 
 
+class FastLinear(nn.Module):
+    """An nn.Linear (the output head) that multiplies with a fast copy; `.weight` is still the
+    plain parameter, so a tied embedding stays tied. `state` (the model's VariantState) says
+    when a forward wants the plain weight instead."""
+
+    def __init__(self, base: nn.Linear, fast: CpuWeight, state=None):
+        super().__init__()
+        self.base = base
+        self.fast = fast
+        self.state = state
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
+    def bound(self, batch=None):
+        """The fast copy's own product for a decode step (not plain): see VariantLinear.bound."""
+        return self.fast.matmul_fn(self.base.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast.lossy and self.state is not None and self.state.plain:
+            return F.linear(x, self.base.weight, self.base.bias)
+        return self.fast.linear(x, self.base.bias)
+
+
 _KERNEL = "_zenedge_lora_kernel"
 
 
@@ -241,20 +278,97 @@ class VariantState:
             self.current, self._local.plain = previous
 
 
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# -- a decode step's linears, bound once per request (lean_llama calls these) ----------------------
+
+def bound(linear, batch: RowVariants | None, *, cast: bool = True):
+    """`linear` as a decode step of `batch` may call it (VariantLinear.bound, FastLinear.bound),
+    or the module itself (a plain nn.Linear, a wrapper we do not know)."""
+    if isinstance(linear, VariantLinear):
+        return linear.bound(batch, cast=cast)
+    method = getattr(linear, "bound", None)
+    return method(batch) if method is not None else linear
 
 
-def patch_model(model: nn.Module, device: torch.device, targets: Sequence[str] = DEFAULT_TARGETS) -> VariantState:
-    """Swap every target nn.Linear inside the decoder layers for a VariantLinear (in place).
-    Returns the shared state through which batches select their variants."""
-    state = VariantState(device)
-    replacements = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in targets and ".layers." in f".{name}":
-            replacements.append((name, module))
-    for name, module in replacements:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        setattr(parent, child, VariantLinear(module, name, state))
-    state.modules = [name for name, _ in replacements]
-    return state
+def each(*linears):
+    """Several linears on one input, their outputs side by side."""
+    return lambda h: torch.cat([linear(h) for linear in linears], -1)
+
+
+def _step_parts(linears, batch: RowVariants | None):
+    """(each linear's step delta, the copy its decode product reads: a hot BitDelta's dense copy or
+    the base's fast copy) where every linear is a VariantLinear adding at most one LoRA or
+    BitDelta; None for mixed rows or modules we do not know."""
+    deltas = [linear.step_delta(batch) if isinstance(linear, VariantLinear) else linear for linear in linears]
+    if not all(d is None or isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas):
+        return None
+    return deltas, [d.dense if isinstance(d, BitDeltaModule) else linear.fast for d, linear in zip(deltas, linears)]
+
+
+def products(linears, batch: RowVariants | None):
+    """h → the linears' outputs side by side, for a decode step of `batch`: one kernel call on
+    their stacked copies (cpu_weights.stacked: bit for bit the same products) where each linear
+    adds at most a LoRA product (on its slice) or reads a hot BitDelta's dense copy; else `each`
+    of their bound steps."""
+    one_by_one = each(*(bound(linear, batch) for linear in linears))
+    found = _step_parts(linears, batch)
+    if found is None:
+        return one_by_one                                   # mixed rows, unknown modules
+    deltas, parts = found
+    biases = [linear.base.bias for linear in linears]
+    stacked = cpu_weights.stacked(parts) if len({bias is None for bias in biases}) == 1 else None
+    if stacked is None:
+        return one_by_one
+    product = stacked.matmul_fn(None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
+    sizes = [linear.weight.shape[0] for linear in linears]
+    loras = [(i, d) for i, d in enumerate(deltas) if isinstance(d, LoraFactors)]
+    hot = [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule)]
+    if loras and hot:                                       # no such variant today; keep it exact
+        return one_by_one
+    if loras:
+        def with_loras(h):
+            y = product(h)
+            slices = y.split_with_sizes(sizes, -1)
+            for i, factors in loras:                        # each added as its own linear adds it
+                add_lora_(slices[i], h, factors, per_row=True)
+            return y
+        return with_loras
+    if hot:
+        def dense(h):
+            # The cache may drop a dense copy (or densify anew) mid-request: the stacked copy
+            # serves only while every part is still the variant's.
+            for delta, part in hot:
+                if delta.dense is not part:
+                    return one_by_one(h)
+            return product(h)
+        return dense
+    return product
+
+
+@dataclass
+class StepProduct:
+    """What a decode step of one request multiplies a group of linears by (`step_product`)."""
+
+    weight: CpuWeight | None          # the parts' copy, stacked where there are several
+    loras: list[tuple[int, int, LoraFactors]]            # (first output column, width, factors)
+    hot: list[tuple[BitDeltaModule, CpuWeight]]          # (delta, the dense copy `weight` holds)
+
+
+def step_product(linears, batch: RowVariants | None) -> StepProduct | None:
+    """The product `products` makes of `linears` (VariantLinears without bias) for a decode step
+    of `batch`, as data for a caller that runs it elsewhere (lean_llama.FusedStep); None where it
+    is not one copy plus LoRA slices (mixed rows, a bias, a LoRA beside a BitDelta)."""
+    if not all(isinstance(linear, VariantLinear) and linear.base.bias is None for linear in linears):
+        return None
+    found = _step_parts(linears, batch)
+    if found is None:
+        return None                                         # mixed rows
+    deltas, parts = found
+    weight = parts[0] if len(parts) == 1 else cpu_weights.stacked(parts)
+    varied = sum(isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas)
+    offsets = [0]
+    for linear in linears:
+        offsets.append(offsets[-1] + linear.weight.shape[0])
+    loras = [(offsets[i], offsets[i + 1] - offsets[i], d) for i, d in enumerate(deltas) if isinstance(d, LoraFactors)]
+    if loras and len(loras) != varied:
+        return None                                         # LoRA beside a BitDelta
+    return StepProduct(weight, loras, [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule)])

@@ -37,10 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from zenedge.kernels import native
-from zenedge.merge.factors import LoraFactors
 from zenedge.runtime import cpu_weights
-from zenedge.runtime.layers import VariantLinear, add_lora_
-from zenedge.runtime.variants import BitDeltaModule
+from zenedge.runtime.layers import bound, products, step_product
 
 # model_type → (transformers module, class-name prefix). Mistral and Qwen2 are Llama's math exactly
 # once no layer slides its window (their only difference; the rule below refuses sliding): same
@@ -148,19 +146,19 @@ class LeanLlama:
                 heads, heads // attn.num_key_value_groups, attn.head_dim, attn.scaling,
                 _norm(layer.post_attention_layernorm), mlp.gate_proj, mlp.up_proj, mlp.down_proj,
                 _activation(mlp.act_fn)))
-        # A decode step's linears, bound once for the request: where no row's variant touches a
-        # linear, its kernel is called directly (VariantLinear.bound), skipping ~8 µs of module
-        # and wrapper calls each, 211 times per token; q/k/v and gate/up then run as one product
-        # each where their copies stack (_products). o and down only feed residual adds: their
+        # A decode step's linears, bound once for the request (layers.py: the per-row variants):
+        # where no row's variant touches a linear, its kernel is called directly, skipping ~8 µs
+        # of module and wrapper calls each, 211 times per token; q/k/v and gate/up then run as
+        # one product each where their copies stack. o and down only feed residual adds: their
         # kernels' bf16 outputs are added as they are (cast=False, the same sums).
-        self.step_layers = [(i, norm1, _products((q, k, v), batch), _bound(o, batch, cast=False), heads, kv_heads,
+        self.step_layers = [(i, norm1, products((q, k, v), batch), bound(o, batch, cast=False), heads, kv_heads,
                              dim, _decode_attention(heads, kv_heads, dim, scaling, self.embed.weight),
                              ((heads + kv_heads) * dim, kv_heads * dim),
-                             norm2, _products((gate, up), batch), _bound(down, batch, cast=False),
+                             norm2, products((gate, up), batch), bound(down, batch, cast=False),
                              _gated(act, gate.weight.shape[0], up.weight.shape[0], self.embed.weight))
                             for i, norm1, q, k, v, o, heads, kv_heads, dim, scaling, norm2, gate, up, down, act
                             in self.layers]
-        self.step_head = _bound(self.head, batch)
+        self.step_head = bound(self.head, batch)
         self.rope = RopeTable.of(self.rotary, self.embed.weight.dtype, self.embed.weight.device)
         # The whole step in one C call where every layer allows it (bit for bit _decode's numbers).
         self.fused = FusedStep.build(model, self, batch)
@@ -274,61 +272,6 @@ def _signed(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def _bound(linear, batch, *, cast: bool = True):
-    """`linear` as a decode step of `batch` may call it (VariantLinear.bound, FastLinear.bound),
-    or the module itself (a plain nn.Linear, a wrapper we do not know)."""
-    if isinstance(linear, VariantLinear):
-        return linear.bound(batch, cast=cast)
-    bound = getattr(linear, "bound", None)
-    return bound(batch) if bound is not None else linear
-
-
-def _each(*linears):
-    """Several linears on one input, their outputs side by side."""
-    return lambda h: torch.cat([linear(h) for linear in linears], -1)
-
-
-def _products(linears, batch):
-    """h → the linears' outputs side by side, for a decode step of `batch`: one kernel call on
-    their stacked copies (cpu_weights.stacked: bit for bit the same products) where each linear
-    adds at most a LoRA product (on its slice) or reads a hot BitDelta's dense copy; else `_each`
-    of their bound steps."""
-    each = _each(*(_bound(linear, batch) for linear in linears))
-    deltas = [linear.step_delta(batch) if isinstance(linear, VariantLinear) else linear for linear in linears]
-    if not all(d is None or isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas):
-        return each                                         # mixed rows, unknown modules
-    parts = [d.dense if isinstance(d, BitDeltaModule) else getattr(linear, "fast", None)
-             for d, linear in zip(deltas, linears)]
-    biases = [getattr(linear, "base", linear).bias for linear in linears]   # a VariantLinear's is its base's
-    stacked = cpu_weights.stacked(parts) if len({bias is None for bias in biases}) == 1 else None
-    if stacked is None:
-        return each
-    product = stacked.matmul_fn(None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
-    sizes = [linear.weight.shape[0] for linear in linears]
-    loras = [(i, d) for i, d in enumerate(deltas) if isinstance(d, LoraFactors)]
-    hot = [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule)]
-    if loras and hot:                                       # no such variant today; keep it exact
-        return each
-    if loras:
-        def with_loras(h):
-            y = product(h)
-            slices = y.split_with_sizes(sizes, -1)
-            for i, factors in loras:                        # each added as its own linear adds it
-                add_lora_(slices[i], h, factors, per_row=True)
-            return y
-        return with_loras
-    if hot:
-        def dense(h):
-            # The cache may drop a dense copy (or densify anew) mid-request: the stacked copy
-            # serves only while every part is still the variant's.
-            for delta, part in hot:
-                if delta.dense is not part:
-                    return each(h)
-            return product(h)
-        return dense
-    return product
-
-
 def _gated(act, gate_width: int, up_width: int, like: torch.Tensor):
     """gate and up side by side [n, G + U] → act(gate)·up: SiLU through the C kernel where it
     builds (the one the C step calls, so both round alike), else torch's ops."""
@@ -426,35 +369,24 @@ class FusedStep:
 
 
 def _describe(entry, linears, batch, keep: list, hot: list) -> bool:
-    """Fill a native.Product with what `_products` / `_bound` would multiply `linears` by for a
-    decode step of `batch` (their int4 copies stacked, LoRA slices on top); False where the C step
-    cannot do the same."""
-    if not all(isinstance(linear, VariantLinear) and linear.base.bias is None for linear in linears):
-        return False
-    deltas = [linear.step_delta(batch) for linear in linears]
-    if not all(d is None or isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas):
-        return False                                        # mixed rows
-    parts = [d.dense if isinstance(d, BitDeltaModule) else linear.fast for d, linear in zip(deltas, linears)]
-    weight = parts[0] if len(parts) == 1 else cpu_weights.stacked(parts)
-    loras = [(i, d) for i, d in enumerate(deltas) if isinstance(d, LoraFactors)]
-    if type(weight) is not cpu_weights.NativeInt4Weight or len(loras) > native.MAX_LORAS \
-            or (loras and len(loras) != sum(isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas)):
-        return False                                        # not the int4 kernel; LoRA beside a BitDelta
-    tensors, pointers = weight._weights
+    """Fill a native.Product with what the Python step multiplies `linears` by for a decode step
+    of `batch` (layers.step_product: their int4 copies stacked, LoRA slices on top); False where
+    the C step cannot do the same."""
+    step = step_product(linears, batch)
+    if step is None or type(step.weight) is not cpu_weights.NativeInt4Weight or len(step.loras) > native.MAX_LORAS:
+        return False                                        # not the int4 kernel; too many LoRA slices
+    tensors, pointers = step.weight._weights
     entry.codes, entry.scale, entry.zero = pointers
-    entry.rows, entry.inputs, entry.loras = weight.rows, weight.inputs, len(loras)
+    entry.rows, entry.inputs, entry.loras = step.weight.rows, step.weight.inputs, len(step.loras)
     keep.extend(tensors)
-    offsets = [0]
-    for linear in linears:
-        offsets.append(offsets[-1] + linear.weight.shape[0])
-    for slot, (i, factors) in zip(entry.lora, loras):
+    for slot, (offset, width, factors) in zip(entry.lora, step.loras):
         if native.lora_add_fn(factors.A, factors.B.t(), factors.scale) is None:
             return False                                    # the Python step would not use the kernel either
         a, b_t = factors.A.detach().contiguous(), factors.B.detach().t().contiguous()
         keep += [a, b_t]
         slot.a, slot.bt, slot.rank, slot.scale = a.data_ptr(), b_t.data_ptr(), a.shape[0], factors.scale
-        slot.offset, slot.width = offsets[i], offsets[i + 1] - offsets[i]
-    hot.extend((d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule))
+        slot.offset, slot.width = offset, width
+    hot.extend(step.hot)
     return True
 
 

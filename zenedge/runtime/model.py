@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from zenedge.runtime.cpu_weights import convert_model
-from zenedge.runtime.layers import VariantState, patch_model
+from zenedge.runtime.layers import VariantState
+from zenedge.runtime.transforms import convert_model, patch_model
 from zenedge.runtime.static_cache import KVCachePool
 
 
