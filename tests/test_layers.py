@@ -44,8 +44,9 @@ def modules() -> dict:
     for path in sorted((REPO / "zenedge").rglob("*.py")):
         name = "zenedge." + ".".join(path.relative_to(REPO / "zenedge").with_suffix("").parts)
         found[name.removesuffix(".__init__")] = path
-    for path in sorted((REPO / "kernels").glob("*.py")):
-        found[("zenedge.kernels." + path.stem).removesuffix(".__init__")] = path
+    for path in sorted((REPO / "kernels").rglob("*.py")):
+        name = "zenedge.kernels." + ".".join(path.relative_to(REPO / "kernels").with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
     return found
 
 

@@ -12,7 +12,10 @@ def test_every_subpackage_is_listed_in_pyproject():
     found = {"zenedge"} | {
         "zenedge." + ".".join(p.parent.relative_to(REPO / "zenedge").parts)
         for p in (REPO / "zenedge").rglob("__init__.py") if p.parent != REPO / "zenedge"
-    } | {"zenedge.kernels", "zenedge.profiles"}  # mapped from top-level folders
+    } | {"zenedge.kernels", "zenedge.profiles"} | {  # mapped from top-level folders
+        "zenedge.kernels." + ".".join(p.parent.relative_to(REPO / "kernels").parts)
+        for p in (REPO / "kernels").rglob("__init__.py") if p.parent != REPO / "kernels"
+    }
     assert found == listed, f"pyproject packages out of date: missing {found - listed}, extra {listed - found}"
 
 
@@ -31,15 +34,27 @@ def test_list_does_not_load_the_heavy_stack():
 
 
 def test_the_c_kernels_sources_ship_with_the_package():
-    """kernels/native.py compiles its C sources on first use: a wheel without them would fall back
+    """zenedge.kernels.native compiles its C sources on first use: a wheel without them would fall back
     to torch's kernels on every machine, silently."""
     from fnmatch import fnmatch
 
     from zenedge.kernels import native
 
-    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["zenedge.kernels"]
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["zenedge.kernels.native"]
     for source in native.SOURCES + native.HEADERS:
         assert source.exists() and any(fnmatch(source.name, pattern) for pattern in patterns), source.name
+
+
+def test_the_profile_recipes_do_not_ship():
+    """profiles/recipes/ trains and evaluates the embedded profiles: tools for this repository, not
+    installed code (zenedge.profiles ships the registry's data only)."""
+    from fnmatch import fnmatch
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert not any(package.startswith("zenedge.profiles.") for package in setuptools["packages"])
+    recipes = [p.relative_to(REPO / "profiles").as_posix() for p in (REPO / "profiles" / "recipes").iterdir()]
+    shipped = [r for r in recipes for pattern in setuptools["package-data"]["zenedge.profiles"] if fnmatch(r, pattern)]
+    assert recipes and shipped == []
 
 
 # Imported name → the distribution that provides it, where they differ; and what comes with a
@@ -52,7 +67,7 @@ def imported_distributions() -> set[str]:
     import ast
 
     names = set()
-    for path in [*(REPO / "zenedge").rglob("*.py"), *(REPO / "kernels").glob("*.py")]:
+    for path in [*(REPO / "zenedge").rglob("*.py"), *(REPO / "kernels").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names |= {alias.name.split(".")[0] for alias in node.names}

@@ -3,7 +3,7 @@
 ZENEDGE_HOME    the pool (blobs, index, bases)     default: platformdirs user data dir
 ZENEDGE_CONFIG  the TOML config file               default: platformdirs user config dir/config.toml
 ZENEDGE_TOKEN   bearer token for the TCP listener  default: a generated 0600 file in the home
-ZENEDGE_NATIVE_KERNELS  0 turns off the C kernels for the CPU (kernels/native.py)  default: on
+ZENEDGE_NATIVE_KERNELS  0 turns off the C kernels for the CPU (kernels/native/)  default: on
 ZENEDGE_LLAMA_BENCH     a built llama.cpp `llama-bench`, a peer row in `zenedge bench run`  default: none
 """
 

@@ -1,7 +1,8 @@
-"""zenedge.kernels: y = x·(W + α⊙S)ᵀ (+b) for 1-bit BitDelta deltas, one delta or many per batch.
+"""zenedge.kernels.bitdelta: y = x·(W + α⊙S)ᵀ (+b) for 1-bit BitDelta deltas, one delta or many per batch.
 
 ``bitdelta_linear`` / ``bitdelta_linear_multi`` dispatch on the tensors' device: the fused Triton
-kernel (zenedge.kernels.triton) for CUDA tensors, the torch path (zenedge.kernels.cpu) otherwise.
+kernel (zenedge.kernels.bitdelta.triton) for CUDA tensors, the torch path
+(zenedge.kernels.bitdelta.cpu) otherwise.
 Importing this package is cheap: torch, triton and the kernels load on first call, and nothing
 touches a GPU until then.
 """

@@ -1,12 +1,12 @@
-"""The benchmark's baselines compute the same function (else their ratios mean nothing)."""
+"""The BitDelta kernels benchmark's baselines compute the same function (else their ratios mean nothing)."""
 
 from __future__ import annotations
 
 import torch
 
-from zenedge.kernels import published, reference
-
-from .helpers import problem, relative_error
+from tests.kernels.bitdelta.helpers import problem, relative_error
+from zenedge.bench import bitdelta_baselines as published
+from zenedge.kernels.bitdelta import reference
 
 
 def test_published_design_and_naive_path_match_reference():

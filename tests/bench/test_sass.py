@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("triton.backends.nvidia")
 
-from zenedge.kernels.configs import DECODE_CONFIGS  # noqa: E402
-from zenedge.kernels.sass import compile_reports, format_table  # noqa: E402
+from zenedge.bench.sass import compile_reports, format_table  # noqa: E402
+from zenedge.kernels.bitdelta.configs import DECODE_CONFIGS  # noqa: E402
 
 
 def test_decode_config_compiles_clean_for_sm90a():

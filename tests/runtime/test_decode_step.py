@@ -1,4 +1,4 @@
-"""The decode step in one C call (lean_llama.FusedStep, kernels/decode_step.c): where it runs (base
+"""The decode step in one C call (lean_llama.FusedStep, kernels/native/decode_step.c): where it runs (base
 rows, one LoRA, a hot BitDelta's int4 copies) its logits are bit for bit those of the Python step
 it replaces, so a request decodes the same whichever path a batch takes; where it cannot (mixed
 rows, a packed BitDelta, a dense copy dropped mid-request) the Python step runs."""

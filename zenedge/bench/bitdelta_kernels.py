@@ -1,4 +1,4 @@
-"""Benchmark the BitDelta linear: ``python -m zenedge.kernels.bench [--sass | --check | --quick]``.
+"""Benchmark the BitDelta linear: ``python -m zenedge.bench.bitdelta_kernels [--sass | --check | --quick]``.
 
 CUDA: fused kernel vs dense bf16 F.linear on the same shape, vs the naive path (unpack, add,
 linear) and vs the published BitDelta design (separate base + delta launches), with achieved
@@ -59,7 +59,7 @@ def _cpu_time(fn, repeat: int = 7) -> float:
 def run_cpu() -> None:
     from zenedge.bitdelta.packing import compress
 
-    from . import cpu
+    from zenedge.kernels.bitdelta import cpu
 
     _say(f"CUDA is absent: CPU path table ({_machine()}, {torch.get_num_threads()} threads, fp32)")
     _say("| out×in | M | dense ms | bitdelta ms | ratio | W_hat cached ms |")
@@ -99,9 +99,9 @@ def _gpu_case(n, k, m, d, copy_gbs, device="cuda", timer=None) -> str:
     """One table row; ``device``/``timer`` let a CPU dry run (interpreter) exercise this code."""
     from zenedge.bitdelta.packing import packed_width
 
-    from . import published
-    from .grouping import group_rows
-    from .triton import bitdelta_linear, bitdelta_linear_multi
+    from zenedge.bench import bitdelta_baselines as published
+    from zenedge.kernels.bitdelta.grouping import group_rows
+    from zenedge.kernels.bitdelta.triton import bitdelta_linear, bitdelta_linear_multi
 
     timer = timer or _graph_us
     kb = packed_width(k)
@@ -145,7 +145,8 @@ def _gpu_case(n, k, m, d, copy_gbs, device="cuda", timer=None) -> str:
 
 
 def run_gpu(quick: bool, check: bool) -> None:
-    from . import autotune, gpu_check
+    from zenedge.bench import gpu_check
+    from zenedge.kernels.bitdelta import autotune
 
     props = torch.cuda.get_device_properties(0)
     _say(f"GPU: {props.name}, {props.multi_processor_count} SMs; {_machine()}")
@@ -178,14 +179,14 @@ def run_gpu(quick: bool, check: bool) -> None:
 
 
 def run_sass() -> None:
-    from .sass import all_reports, format_table
+    from zenedge.bench.sass import all_reports, format_table
 
     _say(f"SASS for sm_90a, compiled without a GPU, {datetime.date.today()} on {_machine()}")
     _say(format_table(all_reports()))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zenedge.kernels.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m zenedge.bench.bitdelta_kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--sass", action="store_true", help="compile every config for sm_90a, print the SASS table")
     parser.add_argument("--check", action="store_true", help="GPU: check every config first, exclude failures")
     parser.add_argument("--quick", action="store_true", help="GPU: first shape only")

@@ -14,11 +14,11 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from . import autotune, reference
-from .configs import (DECODE_CONFIGS, GROUPED_DECODE_CONFIGS, GROUPED_PREFILL_CONFIGS, PREFILL_CONFIGS,
-                      KernelConfig)
-from .grouping import group_rows
-from .launch import launch_grouped, launch_single
+from zenedge.kernels.bitdelta import autotune, reference
+from zenedge.kernels.bitdelta.configs import (DECODE_CONFIGS, GROUPED_DECODE_CONFIGS, GROUPED_PREFILL_CONFIGS,
+                                              PREFILL_CONFIGS, KernelConfig)
+from zenedge.kernels.bitdelta.grouping import group_rows
+from zenedge.kernels.bitdelta.launch import launch_grouped, launch_single
 
 BF16_TOLERANCE = 1.5e-2       # W_eff is rounded to bf16 once: ~3e-3 expected
 

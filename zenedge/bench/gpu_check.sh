@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run: versions, correctness of every kernel config against the float64 reference,
 # then the full benchmark. Run from the repository root on a CUDA machine:
-#   OUT=/some/dir bash kernels/gpu_check.sh
+#   OUT=/some/dir bash zenedge/bench/gpu_check.sh
 # Uses the machine's own torch/triton; installs nothing. The package is put on sys.path through
 # a symlink shim (kernels/ is zenedge.kernels only once installed).
 set -u -o pipefail
@@ -12,9 +12,8 @@ unset TRITON_INTERPRET
 
 SHIM=$(mktemp -d)
 mkdir -p "$SHIM/zenedge"
-: > "$SHIM/zenedge/__init__.py"
-ln -s "$PWD/kernels" "$SHIM/zenedge/kernels"
-ln -s "$PWD/zenedge/bitdelta" "$SHIM/zenedge/bitdelta"
+for entry in "$PWD"/zenedge/*; do ln -s "$entry" "$SHIM/zenedge/"; done   # the package as installed:
+ln -s "$PWD/kernels" "$SHIM/zenedge/kernels"                              # zenedge/ plus kernels/
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 cd "$SHIM"     # python puts the cwd first on sys.path: the repo's own zenedge/ would shadow the shim
 
@@ -27,10 +26,10 @@ cd "$SHIM"     # python puts the cwd first on sys.path: the repo's own zenedge/ 
 # Quick first: one shape proves the whole path (compile, check, graphs) before the long table.
 python3 - <<'EOF' 2>&1 | tee "$OUT/smoke.txt"
 import torch
-from zenedge.kernels import reference
-from zenedge.kernels.triton import bitdelta_linear
+from zenedge.kernels.bitdelta import reference
+from zenedge.kernels.bitdelta.triton import bitdelta_linear
 from zenedge.bitdelta.packing import compress
-from zenedge.kernels.configs import DECODE_CONFIGS, PREFILL_CONFIGS
+from zenedge.kernels.bitdelta.configs import DECODE_CONFIGS, PREFILL_CONFIGS
 x = torch.randn(3, 512, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) * 0.05
 p, a = compress(torch.randn(256, 512, device="cuda") * 0.01)
@@ -44,7 +43,7 @@ print("smoke prefill rel.err", float((y.double() - r).norm() / r.norm()))
 EOF
 echo "smoke done after ${SECONDS}s"
 
-python3 -m zenedge.kernels.bench --check 2>&1 | tee "$OUT/bench.txt"
+python3 -m zenedge.bench.bitdelta_kernels --check 2>&1 | tee "$OUT/bench.txt"
 status=$?
 echo "bench done after ${SECONDS}s (status $status)" | tee -a "$OUT/bench.txt"
 rm -rf "$SHIM"

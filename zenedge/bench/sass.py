@@ -20,8 +20,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .configs import (DECODE_CONFIGS, DECODE_ROWS, GROUPED_DECODE_CONFIGS, GROUPED_PREFILL_CONFIGS, PREFILL_CONFIGS,
-                      KernelConfig, slots_per_program)
+from zenedge.kernels.bitdelta.configs import (DECODE_CONFIGS, DECODE_ROWS, GROUPED_DECODE_CONFIGS,
+                                              GROUPED_PREFILL_CONFIGS, PREFILL_CONFIGS, KernelConfig,
+                                              slots_per_program)
 
 # (name, kernel, grouped, slots, configs). Grouped decode is shown for 8 deltas present (8 slots)
 # and for the most a 16-row batch can hold (16 slots, MAX_DECODE_SLOTS).
@@ -104,7 +105,7 @@ def compile_one(variant: str, kind: str, grouped: bool, nslot: int, cfg: KernelC
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .fused_kernel import _decode_kernel, _prefill_kernel
+    from zenedge.kernels.bitdelta.fused_kernel import _decode_kernel, _prefill_kernel
     common = {"BLOCK_N": cfg.block_n, "BLOCK_M": cfg.block_m, "BLOCK_K": cfg.block_k, "GROUPED": grouped,
               "WORDS": True, "EVEN_K": True, "HAS_BIAS": False, "DOT_PRECISION": "tf32",
               "ASM": os.environ.get("ZENEDGE_SASS_ASM", "1") == "1"}

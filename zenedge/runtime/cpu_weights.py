@@ -12,13 +12,13 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
   the bf16 bytes (plus 1/8 for scales): one step's matmuls 35.2 → 14.3 ms against fp32 (bf16 head
   included), answer loss within 0.023 nats of fp32 on the profiles' eval sets (BENCHMARKS.md).
 - `NativeInt4Weight`: the same int4 weights (same bytes, same dequantized values) multiplied by
-  zenedge's own C kernel (kernels/int4_gemv.c, built on first use where the CPU has AVX-512 BF16
+  zenedge's own C kernel (kernels/native/int4_gemv.c, built on first use where the CPU has AVX-512 BF16
   and a C compiler is found): it keeps closer to memory speed than torch's kernel at one row of
   x (30 layers' worth of weights streamed: 1.23-1.28× faster, `python -m zenedge.bench.cpu_kernels`)
   and takes and returns fp32; at 2-32 rows torch's is faster (0.7-0.8×). The int4 format's default
   wherever it builds (decode steps are one row per request); `Int4Weight` everywhere else.
 - `NativeInt8Weight`: int8 in groups of 32 inputs with an fp16 scale each (llama.cpp's Q8_0),
-  zenedge's C kernel (kernels/int8_gemv.c): the output head of an int4 model where it builds,
+  zenedge's C kernel (kernels/native/int8_gemv.c): the output head of an int4 model where it builds,
   30 MB for SmolLM2-135M's head where bf16 reads 57 (the largest weight of a step); for the
   embedded base, whose GGUF stores that weight as Q8_0, exactly the file's numbers.
 
@@ -191,7 +191,7 @@ class Int4Weight(CpuWeight):
 
 class NativeInt4Weight(CpuWeight):
     """The same int4 weights as Int4Weight (same codes, scales and zeros: the same dequantized
-    W, the same bytes), multiplied by zenedge's C kernel (kernels/int4_gemv.c), fp32 in and out:
+    W, the same bytes), multiplied by zenedge's C kernel (kernels/native/int4_gemv.c), fp32 in and out:
     no casts around the call. Used where the kernel builds and the inputs are whole 64-wide
     blocks. Rows are independent: stacked copies share the parts' memory entirely."""
 
@@ -266,7 +266,7 @@ class NativeInt4Weight(CpuWeight):
 class NativeInt8Weight(CpuWeight):
     """Symmetric int8 in groups of GROUP inputs, W ≈ q·scale with one fp16 scale per group
     (llama.cpp's Q8_0: a weight that came from a Q8_0 tensor gets exactly its codes and scales
-    back), multiplied by zenedge's C kernel (kernels/int8_gemv.c), fp32 in and out. Per-channel
+    back), multiplied by zenedge's C kernel (kernels/native/int8_gemv.c), fp32 in and out. Per-channel
     int8 scales lost up to 0.07 nats on the head (BENCHMARKS.md); groups of 32 follow the
     embedding's outlier columns."""
 

@@ -335,7 +335,7 @@ class DecodePath:
     stepper: str                # "static", "dynamic", or "graphed" (CUDA, GRAPH_MIN_TOKENS or more new tokens)
     forward: str                # "lean" (lean_llama) or "transformers" (model(...))
     weights: str                # the CPU matmul weight format (cpu_weights.py); "full" on CUDA
-    native_kernels: bool        # zenedge's C kernels for the CPU are loaded (kernels/native.py)
+    native_kernels: bool        # zenedge's C kernels for the CPU are loaded (kernels/native/)
     native_kernels_off: str | None = None   # why they are not
     lean_refused: str | None = None         # why the forward is not the lean one
 

@@ -1,6 +1,6 @@
 """Hot BitDelta variants on CPU: reconstructed dense weights W + α⊙S, inside the delta cache's budget.
 
-On CPU the memory-bounded BitDelta path (kernels/cpu.py: x·Wᵀ plus sign products through byte
+On CPU the memory-bounded BitDelta path (kernels/bitdelta/cpu.py: x·Wᵀ plus sign products through byte
 lookup tables) costs several times a plain linear per decoded token, while rebuilding a whole
 135M-parameter variant's weights once takes well under a second. So a variant that is being
 served gets its dense weights as soon as the budget has room, and then decodes exactly at the
@@ -48,7 +48,7 @@ def densify(variant: Variant, model: torch.nn.Module) -> None:
     """Give every module of a BitDelta variant its dense W + α⊙S (built in fp32, rounded once),
     laid out like the base weight it replaces: a base served from an int4 copy gets an int4 dense
     copy, so a hot variant reads what the base reads."""
-    from zenedge.kernels.cpu import reconstruct_weight
+    from zenedge.kernels.bitdelta.cpu import reconstruct_weight
 
     for name, module in variant.modules.items():
         if isinstance(module, BitDeltaModule) and module.dense is None:

@@ -163,7 +163,7 @@ class VariantLinear(nn.Module):
         dense = module.dense
         if dense is not None:
             return fast_linear(x, dense, self.base.bias)   # plain or in the base's fast format
-        from zenedge.kernels import bitdelta_linear
+        from zenedge.kernels.bitdelta import bitdelta_linear
 
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
@@ -213,7 +213,7 @@ def add_lora_(y: torch.Tensor, x: torch.Tensor, factors: LoraFactors, *, per_row
     product), x: [N, in]. Low rank first: x·Aᵀ is [N, r], so the delta costs ~2·r·(in+out) per row.
 
     `per_row`: the rows are different requests (a decode step), so each must be summed the same way
-    whatever the others are: the C kernel (kernels/lora_add.c) where it takes the factors (fp32 on
+    whatever the others are: the C kernel (kernels/native/lora_add.c) where it takes the factors (fp32 on
     the CPU; decided by the factors alone, never by N), else one row at a time through torch's
     one-row path. Otherwise (one request's tokens: a prefill, scoring) one BLAS product, addmm_
     fusing the second product, the scale and the add."""

@@ -7,7 +7,7 @@ modules: the embedding, the rotary embedding (every rope scaling transformers su
 right), the target linears (VariantLinear: per-row variants still apply), the activation, the
 output head (possibly a wrapper). Only the glue between them (RMSNorm, rope, attention, the
 residual adds) is done here, with transformers' numerics up to op order (fp32 RMSNorm and the
-decode step's attention run in zenedge's C kernels where they build, kernels/native.py, else
+decode step's attention run in zenedge's C kernels where they build, kernels/native/, else
 torch's ops): fp32 logits agree to ~1e-6 relative; bf16 ones differ by bf16 rounding and stay as
 close to fp32 as transformers' own.
 
@@ -287,7 +287,7 @@ def _gated(act, gate_width: int, up_width: int, like: torch.Tensor):
 
 
 class FusedStep:
-    """A decode step of every layer as one C call (kernels/decode_step.c): the same kernels, in
+    """A decode step of every layer as one C call (kernels/native/decode_step.c): the same kernels, in
     the same order, with the same roundings as `_decode`, without its ~50 torch ops and Python
     calls per layer (about 4 ms of a 10 ms SmolLM2-135M step, one thread, 2026-12-01). Built per
     request where every product is a C-kernel int4 copy (the base's, or a hot BitDelta's dense
@@ -393,7 +393,7 @@ def _describe(entry, linears, batch, keep: list, hot: list) -> bool:
 def _decode_attention(heads: int, kv_heads: int, dim: int, scaling: float, like: torch.Tensor):
     """One query per row: (q [n, H, D], keys/values [n, H_kv, L, D], the StepView) → [n, H·D],
     each row over its own first `view.lengths` positions: through the C kernel where it takes the
-    tensors (kernels/decode_attention.c: fp32 on the CPU, the dtype and device of `like`), else
+    tensors (kernels/native/decode_attention.c: fp32 on the CPU, the dtype and device of `like`), else
     SDPA one row at a time (the same call alone as in a batch), else (a CUDA graph's step, whole
     buffers, no host lengths) SDPA under the mask."""
     native_attend = native.decode_attention_fn(heads, kv_heads, dim, scaling, like.dtype, like.device)

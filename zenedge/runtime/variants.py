@@ -42,7 +42,7 @@ class Variant:
 def load_lora(key: str, kind: str, weights: Path, config: dict, device: torch.device,
               dtype: torch.dtype) -> Variant:
     # B is kept as the transpose of a contiguous Bᵀ [r, out]: a decode step reads it row by row in
-    # that order (kernels/lora_add.c, and torch's products take either layout), at no extra memory.
+    # that order (kernels/native/lora_add.c, and torch's products take either layout), at no extra memory.
     modules: dict[str, LoraFactors | BitDeltaModule] = {
         module: LoraFactors(f.A, f.B.t().contiguous().t(), f.scale)
         for module, f in read_lora_factors(weights, config, device=device, dtype=dtype).items()}

@@ -1,7 +1,7 @@
 """Kernel tests run the Triton kernels through the interpreter on CPU tensors (how CI runs them).
 
 TRITON_INTERPRET is read when a @triton.jit function is defined, so it must be set before
-zenedge.kernels.fused_kernel is first imported in this process: this conftest is imported at
+zenedge.kernels.bitdelta.fused_kernel is first imported in this process: this conftest is imported at
 collection, before any test module here imports the kernels.
 """
 

@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-import zenedge.kernels as kernels
+import zenedge.kernels.bitdelta as kernels
 from zenedge.bitdelta.packing import unpack_signs
-from zenedge.kernels import cpu, reference
+from zenedge.kernels.bitdelta import cpu, reference
 
 from .helpers import TOLERANCE, poisoned, problem, relative_error
 
@@ -76,6 +76,7 @@ def test_package_dispatch_uses_the_torch_path_on_cpu():
 
 
 def test_importing_the_package_is_cheap():
-    code = "import sys, zenedge.kernels; print(' '.join(m for m in ('torch', 'triton') if m in sys.modules))"
+    code = ("import sys, zenedge.kernels, zenedge.kernels.bitdelta;"
+            "print(' '.join(m for m in ('torch', 'triton') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zenedge.kernels.grouping import DeltaIdError, group_rows
+from zenedge.kernels.bitdelta.grouping import DeltaIdError, group_rows
 
 
 def test_segments_and_slots_for_a_mixed_batch():

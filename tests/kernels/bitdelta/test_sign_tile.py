@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from zenedge.bitdelta.packing import pack_signs, unpack_signs
-from zenedge.kernels.fused_kernel import _sign_tile
+from zenedge.kernels.bitdelta.fused_kernel import _sign_tile
 
 
 @triton.jit

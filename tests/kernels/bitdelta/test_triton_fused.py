@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zenedge.kernels import reference
-from zenedge.kernels.configs import INTERPRET_DECODE, KernelConfig
-from zenedge.kernels.grouping import group_rows
-from zenedge.kernels.launch import KernelArgumentError
-from zenedge.kernels.triton import bitdelta_linear, bitdelta_linear_multi
+from zenedge.kernels.bitdelta import reference
+from zenedge.kernels.bitdelta.configs import INTERPRET_DECODE, KernelConfig
+from zenedge.kernels.bitdelta.grouping import group_rows
+from zenedge.kernels.bitdelta.launch import KernelArgumentError
+from zenedge.kernels.bitdelta.triton import bitdelta_linear, bitdelta_linear_multi
 
 from .helpers import TOLERANCE, poisoned, problem, relative_error
 

@@ -1,7 +1,7 @@
-"""zenedge's C kernels for the CPU (kernels/*.c through kernels/native.py) against torch: RMSNorm,
-decode attention and the LoRA product here (the int4 product: tests/runtime/test_cpu_weights.py),
-a row's result the same alone as among other rows, the layouts they refuse, the build cache, and
-the switch that turns them off."""
+"""zenedge's C kernels for the CPU (kernels/native/*.c, built and loaded by zenedge.kernels.native)
+against torch: RMSNorm, decode attention and the LoRA product here (the int4 product:
+tests/runtime/test_cpu_weights.py), a row's result the same alone as among other rows, the layouts
+they refuse, the build cache, and the switch that turns them off."""
 
 import os
 import subprocess

@@ -1,0 +1,10 @@
+"""zenedge.kernels: the kernels the runtime multiplies with, one room each.
+
+- `zenedge.kernels.bitdelta`: y = x·(W + α⊙S)ᵀ (+b) for 1-bit BitDelta deltas: the fused Triton
+  kernels (CUDA), their torch references and the torch path for the CPU.
+- `zenedge.kernels.native`: zenedge's C kernels for the CPU (int4 / int8 products, RMSNorm,
+  decode attention, LoRA, the whole decode step), compiled on first use.
+
+Their benchmarks and GPU tooling (timing tables, SASS, config checks, the published BitDelta
+design as a baseline) live in `zenedge.bench`. Importing this package loads nothing.
+"""
