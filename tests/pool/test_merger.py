@@ -105,10 +105,10 @@ def test_a_clear_verdict_reads_only_the_first_examples(store, tmp_path, make_pro
     [attempt] = result["attempts"]
     assert attempt["examples"] == {"alpha": MIN_EXAMPLES, "beta": MIN_EXAMPLES}
     profile = result["profile"]
-    assert set(profile["by_phase"]) >= {"rank", "fold", "anchors", "gate", "commit", "evict"}
-    assert [p["phase"] for p in profile["phases"]] == ["rank", "fold", "anchors", "gate", "commit"]
+    assert set(profile["by_phase"]) >= {"load", "rank", "fold", "anchors", "gate", "commit", "evict"}
+    assert [p["phase"] for p in profile["phases"]] == ["load", "rank", "fold", "anchors", "gate", "commit"]
     assert all(p["seconds"] >= 0 for p in profile["phases"]) and profile["total_seconds"] >= profile["by_phase"]["gate"]
-    assert [e["phase"] for e in events] == ["rank", "fold", "anchors", "gate", "commit"]
+    assert [e["phase"] for e in events] == ["load", "rank", "fold", "anchors", "gate", "commit"]
     assert all(e["status"] for e in events)
     # Anchors are stored per example (16 of each set, in the gate's order) with the names.
     stored = store.name("alpha")["quality"]

@@ -86,15 +86,15 @@ def _row(name: str, seconds: float, result: dict[str, Any], first_use: bool = Fa
 
 def table(result: dict[str, Any]) -> str:
     """Markdown: one row per pull (wall time, what the pool did, where the pool's time went)."""
-    lines = ["| pull | wall s | pool s | action | gate s | anchors s | candidates | examples read |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| pull | wall s | pool s | action | load s | anchors s | gate s | candidates | examples read |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for p in result["pulls"]:
         what = p["action"] + (f" with {'+'.join(p['merged_with'])}" if p["merged_with"] else "") \
             + (f", evicted {'+'.join(p['evicted'])}" if p["evicted"] else "")
         phases = p["by_phase"]
         lines.append(f"| {p['name']}{' (base set-up)' if p['first_use'] else ''} | {p['seconds']:.1f} | "
-                     f"{p['pool_seconds'] or 0:.1f} | {what} | {phases.get('gate', 0):.1f} | "
-                     f"{phases.get('anchors', 0):.1f} | {p['candidates_gated']} | "
+                     f"{p['pool_seconds'] or 0:.1f} | {what} | {phases.get('load', 0):.1f} | "
+                     f"{phases.get('anchors', 0):.1f} | {phases.get('gate', 0):.1f} | {p['candidates_gated']} | "
                      f"{', '.join(map(str, p['examples_read'])) or '-'} |")
     median = result["merged_median_seconds"]
     lines += ["", f"- {len(result['pulls'])} pulls end to end: {result['total_seconds']:.0f} s "

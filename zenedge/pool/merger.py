@@ -101,11 +101,14 @@ class PoolMerger:
     def for_base(cls, store: Store, cfg: Config, base: str, engine=None, phases: Phases | None = None) -> PoolMerger:
         """A merger on `base`'s resident model: the running engine's (the daemon's) when there is
         one, so a merge does not load the base a second time; else a fresh engine's."""
-        if engine is None:
+        phases = phases or Phases()
+        if engine is not None:
+            return cls(store, cfg, engine.resident(base), phases)
+        with phases.phase("load", f"loading {base} for the quality gate"):
             from zenedge.runtime.engine import Engine
 
-            engine = Engine(store, cfg, scoring_only=True)
-        return cls(store, cfg, engine.resident(base), phases)
+            resident = Engine(store, cfg, scoring_only=True).resident(base)
+        return cls(store, cfg, resident, phases)
 
     def factors(self, adapter: dict[str, Any]) -> dict[str, LoraFactors]:
         return read_lora_factors(self.store.blob_path(adapter["sha256"]), adapter["config"], dtype=torch.float32)

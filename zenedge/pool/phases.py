@@ -7,6 +7,7 @@ phase sends a progress event when it starts (`{"status": "checking quality of wr
 dict) and records its wall time when it ends. Phases:
 
   base     converting the embedded default base into the store (first use only; progress lines)
+  load     loading the base's weights for the gate (a CLI process; the daemon's engine has them)
   rank     similarity of the newcomer to every stored adapter (low rank, no forward pass)
   fold     the merge itself: low-rank OPCM of the newcomer into one candidate
   anchors  a profile's base and own losses on its eval set (forward passes; measured once)
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 Progress = Callable[[dict[str, Any]], None]
-PHASES = ("rank", "fold", "anchors", "gate", "commit", "evict")
+PHASES = ("load", "rank", "fold", "anchors", "gate", "commit", "evict")
 
 
 @dataclass
