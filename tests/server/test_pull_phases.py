@@ -27,3 +27,19 @@ def test_a_pull_under_pressure_streams_the_pool_phases(fresh_daemon, registry):
     with daemon.uds() as http:
         names = {m["name"] for m in http.get("/api/list").json()["models"]}
     assert "writer" in names and len(names) >= 4
+
+
+def test_the_cli_pulls_through_a_running_daemon(fresh_daemon, registry):
+    """`zenedge pull` with a daemon up: the daemon's resident base gates the merge (no `load` phase:
+    no second copy of the base in the CLI process), and the CLI prints the same result and phases."""
+    from tests.conftest import run_cli
+
+    daemon = fresh_daemon(config={"registry": {"urls": [registry]}, "pool": {"max_adapters": 4}})
+    result = json.loads(run_cli("pull", "writer", "--json", env=daemon.env(), check=True).stdout)
+    assert result["name"] == "writer" and result["policy"] in ("merged", "evicted")
+    phases = [p["phase"] for p in result["profile"]["phases"]]
+    assert phases[:2] == ["rank", "fold"] and "load" not in phases
+    printed = run_cli("pull", "writer", env=daemon.env(), check=True).stdout
+    assert printed.splitlines()[-1].startswith("pulled writer 1.0.0") and "(already up to date)" in printed
+    with daemon.uds() as http:
+        assert "writer" in {m["name"] for m in http.get("/api/list").json()["models"]}

@@ -31,14 +31,26 @@ def search(text: str, json_out: bool) -> None:
 @json_option
 def pull(reference: str, json_out: bool) -> None:
     """Download a profile (NAME or NAME:VERSION) into the pool, verified and resumable."""
-    from zenedge.registry.pull import pull as do_pull
+    from zenedge.cli.daemon import find_daemon
 
     cfg = load_config()
-    store = open_store()
+    daemon = find_daemon(cfg)
+    if daemon is not None:  # the daemon's resident base gates a merge: no second load here
+        from zenedge.cli.daemon import pull_through_daemon
+
+        def run(progress=None):
+            return pull_through_daemon(daemon, reference, progress)
+    else:
+        from zenedge.registry.pull import pull as local_pull
+
+        store = open_store()
+
+        def run(progress=None):
+            return local_pull(store, cfg, reference, progress=progress)
     if json_out:
-        return print_json(do_pull(store, cfg, reference))
+        return print_json(run())
     with PoolProgress() as display:
-        result = do_pull(store, cfg, reference, progress=display.update)
+        result = run(display.update)
     note = " (already up to date)" if result["up_to_date"] else ""
     echo_outcome(f"pulled {result['name']} {result['version']} ({result['kind']}, {format_size(result['bytes'])}){note}",
                  result)
