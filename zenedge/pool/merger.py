@@ -102,12 +102,14 @@ class PoolMerger:
         """A merger on `base`'s resident model: the running engine's (the daemon's) when there is
         one, so a merge does not load the base a second time; else a fresh engine's."""
         phases = phases or Phases()
-        if engine is not None:
+        if engine is not None and engine.loaded(base):
             return cls(store, cfg, engine.resident(base), phases)
         with phases.phase("load", f"loading {base} for the quality gate"):
-            from zenedge.runtime.engine import Engine
+            if engine is None:
+                from zenedge.runtime.engine import Engine
 
-            resident = Engine(store, cfg, scoring_only=True).resident(base)
+                engine = Engine(store, cfg, scoring_only=True)
+            resident = engine.resident(base)
         return cls(store, cfg, resident, phases)
 
     def factors(self, adapter: dict[str, Any]) -> dict[str, LoraFactors]:

@@ -69,6 +69,10 @@ class Engine:
         return self.store.pinned_ids(self.cfg.runtime.pinned)
 
     # -- loading -------------------------------------------------------------------------------
+    def loaded(self, base: str) -> bool:
+        """Whether `base` is resident already (`resident` would not load it)."""
+        return base in self._residents
+
     def resident(self, base: str) -> ResidentModel:
         with self._resident_lock:  # single-flight: one load per base, others wait
             if base not in self._residents:
