@@ -49,3 +49,12 @@ def test_the_cli_pulls_through_a_running_daemon(fresh_daemon, registry):
     assert printed.splitlines()[-1].startswith("pulled writer 1.0.0") and "(already up to date)" in printed
     with daemon.uds() as http:
         assert "writer" in {m["name"] for m in http.get("/api/list").json()["models"]}
+
+
+def test_a_cli_pull_through_the_daemon_fails_as_a_local_one_does(fresh_daemon, registry):
+    from tests.conftest import run_cli
+
+    daemon = fresh_daemon(config={"registry": {"urls": [registry]}})
+    remote = run_cli("pull", "no-such-profile", env=daemon.env())
+    assert remote.returncode == 1 and remote.stderr.strip().startswith("error:")  # profile_not_found, as locally
+    assert len(remote.stderr.strip().splitlines()) == 1 and "no-such-profile" in remote.stderr
