@@ -372,11 +372,11 @@ class QualityGate:
 
     def measure_anchors(self, name: str, eval_path: Path, own: Variant, phases: Phases | None = None) -> dict[str, Any]:
         """A profile's anchors on every example the gate may read (what a registry publishes)."""
-        member = Member(name, eval_path, {}, own, True)
-        prepared = self._prepare(member, phases or Phases())
+        phases = phases or Phases()
+        prepared = self._prepare(Member(name, eval_path, {}, own, True), phases)
         if prepared is None:
             raise EvalSetError(f"{eval_path}: no examples to measure")
-        self._anchor_round([prepared], {id(prepared): prepared.population}, phases or Phases())
+        self._anchor_round([prepared], {id(prepared): prepared.population}, phases)
         quality = self._anchors([prepared])[name]
         return {"scorer": quality["scorer"], **quality["per_example"]}
 

@@ -156,11 +156,8 @@ class PoolMerger:
         """A refused LoRA attempt measured on every member (the gate stopped at the first failure):
         what least-loss admission weighs against an eviction."""
         candidate = attempt.candidate
-        original = candidate["kind"] != "merged"
-        own = self.variant(candidate["id"], self.factors(candidate))
-        members = [self.member(name, own, original) for name in self.store.names_of(candidate["id"])]
-        members.append(Member(incoming.name, incoming.eval_path, incoming.quality,
-                              self.variant("incoming", incoming.factors), True))
+        members = self._members(candidate, self.variant(candidate["id"], self.factors(candidate)),
+                                incoming, self.variant("incoming", incoming.factors))
         merged = self.variant("candidate-merge", round_to(attempt.state.merged, attempt.dtype))
         result = self.gate.check(members, merged, attempt.threshold, self.phases, stop_at_failure=False)
         attempt.measurements, attempt.qualities = result.measurements, result.anchors
@@ -242,9 +239,7 @@ class PoolMerger:
         """Measure every member of the candidate and the newcomer on the merged variant (the gate
         stops at the first member that clearly fails; each eval example read is a forward pass,
         the bulk of an arrival's cost)."""
-        original = candidate["kind"] != "merged"  # its own adapter still exists: anchors can be taken
-        members = [self.member(name, own, original) for name in self.store.names_of(candidate["id"])]
-        members.append(Member(incoming.name, incoming.eval_path, incoming.quality, incoming_variant, True))
+        members = self._members(candidate, own, incoming, incoming_variant)
         attempt.members = [m.name for m in members]
         result = self.gate.check(members, merged, attempt.threshold, self.phases)
         attempt.measurements = result.measurements
@@ -254,6 +249,13 @@ class PoolMerger:
         if not attempt.accepted:
             self.keep_anchors(result, exclude=incoming.name)
         return attempt
+
+    def _members(self, candidate: dict[str, Any], own: Variant, incoming: Incoming,
+                 incoming_variant: Variant) -> list[Member]:
+        """Who a merge into `candidate` serves: its profiles (served by `own`), then the newcomer."""
+        original = candidate["kind"] != "merged"  # its own adapter still exists: anchors can be taken
+        members = [self.member(name, own, original) for name in self.store.names_of(candidate["id"])]
+        return members + [Member(incoming.name, incoming.eval_path, incoming.quality, incoming_variant, True)]
 
     def member(self, name: str, current: Variant | None, original: bool) -> Member:
         row = self.store.name(name)

@@ -34,7 +34,6 @@ class Phases:
     started: float = field(default_factory=time.perf_counter)
     open: str | None = None  # the phase being timed: phases never nest, so their seconds add up
 
-
     @contextmanager
     def phase(self, phase: str, status: str, **detail: Any) -> Iterator[dict[str, Any]]:
         """Report `status` now; on exit record the phase's seconds. The yielded dict takes details

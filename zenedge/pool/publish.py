@@ -15,7 +15,6 @@ import torch
 
 from zenedge.adapters.lora_tensors import read_lora_factors
 from zenedge.adapters.peft_lora import read_lora_dir
-from zenedge.bases import file_sha256
 from zenedge.config import Config
 from zenedge.pool.admission import resolve_base
 from zenedge.pool.gate import QualityGate
@@ -31,8 +30,7 @@ def measure_registry_anchors(store: Store, cfg: Config, root: Path,
     from zenedge.runtime.engine import Engine
 
     say = progress or (lambda message: None)
-    measured, gates = [], {}
-    engine = None
+    measured, engine = [], None
     for folder in profile_folders(Path(root)):
         manifest = build_manifest(folder)
         if manifest.kind != "lora" or manifest.eval is None:
@@ -42,17 +40,14 @@ def measure_registry_anchors(store: Store, cfg: Config, root: Path,
             say(f"{manifest.name}: anchors up to date")
             continue
         base = resolve_base(store, manifest.base_name, None)
-        if base["name"] not in gates:
-            engine = engine or Engine(store, cfg, scoring_only=True)
-            gates[base["name"]] = QualityGate(engine.resident(base["name"]))
-        gate = gates[base["name"]]
-        config_path, weights = find_lora(folder)
-        lora = read_lora_dir(config_path.parent, {m: tuple(s) for m, s in base["modules"].items()})
-        factors = read_lora_factors(weights, lora.config, dtype=torch.float32)
+        engine = engine or Engine(store, cfg, scoring_only=True)
+        gate = QualityGate(engine.resident(base["name"]))  # the engine keeps one resident per base
+        lora = read_lora_dir(find_lora(folder)[0].parent, {m: tuple(s) for m, s in base["modules"].items()})
+        factors = read_lora_factors(lora.weights, lora.config, dtype=torch.float32)
         own = lora_variant(f"publish-{manifest.name}", factors, gate.resident)
         eval_path = folder / manifest.eval.path
         say(f"{manifest.name}: measuring base and own losses on {eval_path.name}")
         anchors = gate.measure_anchors(manifest.name, eval_path, own)
-        write_anchors(folder, anchors, file_sha256(eval_path), manifest.base_sha256)
+        write_anchors(folder, anchors, manifest.eval.sha256, manifest.base_sha256)
         measured.append(manifest.name)
     return measured
