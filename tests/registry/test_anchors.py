@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tests.pool.conftest import set_config
-from tests.registry.test_pull import edit_manifest, nothing_left_behind, registry_dir  # noqa: F401 (fixture)
+from tests.registry.test_pull import edit_manifest, nothing_left_behind
 from zenedge.errors import RegistryError
 from zenedge.pool.gate import VERIFY_EXAMPLES
 from zenedge.pool.publish import measure_registry_anchors

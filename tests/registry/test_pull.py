@@ -5,18 +5,12 @@ import threading
 
 import pytest
 
-from tests.conftest import run_cli, tiny_module_shapes
-from tests.registry.server import build_tiny_registry, serve_registry
+from tests.conftest import run_cli
+from tests.registry.server import serve_registry
 from zenedge import config
 from zenedge.errors import BudgetExceeded, DigestMismatch, ProfileNotFound, RegistryError
 from zenedge.registry.pull import pull, search
 from zenedge.store import Store
-
-
-@pytest.fixture
-def registry_dir(tmp_path, tiny_base_dir, store):
-    """A registry of three tiny profiles (two LoRA, one sharing weights) for the `tiny` base."""
-    return build_tiny_registry(tmp_path / "registry", tiny_module_shapes(tiny_base_dir), store.base("tiny")["sha256"])
 
 
 @pytest.fixture
