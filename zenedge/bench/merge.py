@@ -223,7 +223,8 @@ def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: flo
                                  eval_path=profile.gate_eval_path or profile.eval_path, engine=engine)
             times.append(time.perf_counter() - start)
             actions.append({"name": profile.name, "action": result.get("action"),
-                            "merged_with": result.get("merged_with"), "evicted": result.get("evicted")})
+                            "merged_with": result.get("merged_with"), "evicted": result.get("evicted"),
+                            "attempts": result.get("attempts", [])})
         serving = {}
         for profile in order:
             row = store.name(profile.name)
