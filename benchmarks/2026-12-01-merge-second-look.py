@@ -1,4 +1,5 @@
-"""bench merge S with the second look at SECOND_LOOK = argv[2] (1.01: after every kept merge the next
+"""(Runs at commit 81f398b, where zenedge.pool.merger has SECOND_LOOK; explored and not kept.)
+bench merge S with the second look at SECOND_LOOK = argv[2] (1.01: after every kept merge the next
 candidate is gated too, and the merge that loses less is kept). Writes the result JSON to argv[1]."""
 import json, sys
 import zenedge.pool.merger as merger

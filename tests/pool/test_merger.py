@@ -260,32 +260,3 @@ def test_least_loss_takes_the_refused_merge_only_when_evicting_would_lose_more(s
     else:
         assert weighed["lost_gain"] >= 1 and [n["name"] for n in store.names()] == ["beta"]
     assert store.check(budget=cfg.budget) == []
-
-
-@pytest.mark.parametrize("second_look", [0.0, 2.0])
-def test_a_merge_on_the_threshold_is_weighed_against_the_next_candidate(store, tmp_path, make_profile, monkeypatch,
-                                                                        second_look):
-    """A kept merge whose weakest member keeps less than SECOND_LOOK gets the next candidate gated
-    too, and the merge that loses less of its members' gains is committed (0.0: never look; 2.0:
-    every kept merge is on the threshold)."""
-    from zenedge.pool import merger
-
-    monkeypatch.setattr(merger, "SECOND_LOOK", second_look)
-    a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.02)
-    c_dir, c_eval = make_profile("gamma", 3, like=b_dir, noise=0.01)
-    cfg = set_config(tmp_path, '[pool]\nmax_adapters = 2\nquality_threshold = 0.3\non_no_merge = "refuse"\n')
-    for name, d, e in [("alpha", a_dir, a_eval), ("gamma", c_dir, c_eval)]:
-        pool.import_lora(store, cfg, d, name, base="tiny", eval_path=e)
-    result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
-    assert result["action"] == "merged"
-    tried = result["attempts"]
-    assert len(tried) == (2 if second_look > 1 else 1) and all(t["accepted"] for t in tried)
-
-    def lost(attempt):
-        return sum(1 - min(max(v, 0.0), 1.0) for v in attempt["retention"].values())
-
-    chosen = min(tried, key=lost)
-    assert result["merged_with"] == [m for m in chosen["members"] if m != "beta"]
-    assert store.resolve("beta")["id"] == result["adapter_id"] and len(store.adapters()) == 2
-    assert store.check(budget=cfg.budget) == []

@@ -240,7 +240,7 @@ def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry:
             and _has_room(store, cfg, adapter)):
         return None  # K-Merge++: dissimilar to everything and a slot is free: take the slot
     kept_out: list = []
-    merged = merger.merge_kept(incoming, adapter.base, candidates, attempts=attempts, budget=cfg.budget,
+    merged = merger.merge_first_kept(incoming, adapter.base, candidates, attempts=attempts, budget=cfg.budget,
                                      max_adapters=cfg.pool.max_adapters, newcomer=entry, refused=kept_out)
     if merged is None:
         refused += [Refused(attempt, merger, incoming) for attempt in kept_out]

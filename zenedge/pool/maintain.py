@@ -66,7 +66,7 @@ def _merge_until_it_fits(store: Store, cfg: Config, engine) -> list[dict[str, An
         incoming = Incoming(name, merger.factors(source), eval_path, dict(row.get("quality") or {}))
         candidates = [(c, sim) for c, sim in merger.candidates(incoming, source["base"]) if c["id"] != source["id"]]
         # Merging only shrinks the pool, so the commit may not be refused for being over B.
-        merged = merger.merge_kept(incoming, source["base"], candidates, attempts=[],
+        merged = merger.merge_first_kept(incoming, source["base"], candidates, attempts=[],
                                          budget=max(cfg.budget, store.used_bytes()),
                                          also_replaces=(source["id"],), source="maintain")
         if merged is not None:

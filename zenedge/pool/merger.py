@@ -1,5 +1,5 @@
 """Merging in the pool: K-Merge's candidates, the fold, the quality gate, the commit, and THE
-loop that tries them (`PoolMerger.merge_kept`), used by admission under pressure and by
+loop that tries them (`PoolMerger.merge_first_kept`), used by admission under pressure and by
 maintenance; a manual merge (manual.py) goes through the same gate and the same commit.
 
 A LoRA newcomer is merged into the most similar stored adapter with low-rank OPCM (continuing
@@ -13,7 +13,6 @@ are never merged (the user asked for them exactly as they are).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import tempfile
 from dataclasses import dataclass, field
@@ -34,9 +33,6 @@ from zenedge.store import NewAdapter, NewName, Store
 
 MERGEABLE = ("lora", "merged")
 OPCM_ALPHA = 0.5
-# A kept merge whose weakest member keeps less than this of its gain is on the threshold: the next
-# candidate is gated too, and the merge that loses less is kept. 0: off (being measured, BENCHMARKS.md).
-SECOND_LOOK = 0.0
 
 
 @dataclass
@@ -204,46 +200,35 @@ class PoolMerger:
             return self.delta_candidates(incoming, base)
         return self.candidates(incoming, base)
 
-    def merge_kept(self, incoming: Incoming, base: str, candidates: list[tuple[dict[str, Any], float]], *,
-                   attempts: list[dict[str, Any]], budget: int, max_adapters: int | None = None,
-                   also_replaces: tuple[str, ...] = (), newcomer: NewName | None = None,
-                   source: str = "merge", refused: list[Attempt] | None = None) -> tuple[str, Attempt] | None:
+    def merge_first_kept(self, incoming: Incoming, base: str, candidates: list[tuple[dict[str, Any], float]], *,
+                         attempts: list[dict[str, Any]], budget: int, max_adapters: int | None = None,
+                         also_replaces: tuple[str, ...] = (), newcomer: NewName | None = None,
+                         source: str = "merge", refused: list[Attempt] | None = None) -> tuple[str, Attempt] | None:
         """THE loop: merge `incoming` into each candidate in turn (fold, gate) and commit the first
-        merge the gate keeps, replacing the candidate (and `also_replaces`); but when that merge is
-        near the threshold (its weakest member keeps less than SECOND_LOOK), the next candidate is
-        gated too and the merge that loses less of its members' gains is committed. A kept merge
-        the budget still refuses moves on to the next. Every attempt's summary is appended to
+        merge the gate keeps, replacing the candidate (and `also_replaces`). A kept merge the budget
+        still refuses moves on to the next candidate. Every attempt's summary is appended to
         `attempts` (and refused LoRA attempts to `refused`, for least-loss admission); returns (the
         merged adapter's id, its attempt), or None when nothing was kept."""
-        with contextlib.ExitStack() as workdirs:
-            kept: list[tuple[Attempt, dict[str, Any], Path]] = []
-            for index, (candidate, similarity) in enumerate(candidates):
-                work = Path(workdirs.enter_context(tempfile.TemporaryDirectory(dir=self.store.blobs.tmp)))
+        for candidate, similarity in candidates:
+            with tempfile.TemporaryDirectory(dir=self.store.blobs.tmp) as work:
                 if incoming.delta_path is not None:
-                    attempt = self.attempt_delta(candidate, similarity, incoming, work)
+                    attempt = self.attempt_delta(candidate, similarity, incoming, Path(work))
                 else:
                     attempt = self.attempt(candidate, similarity, incoming)
                 attempts.append(attempt.summary())
                 if newcomer is not None:  # anchors measured for the newcomer stay with it, merged or not
                     newcomer.quality = incoming.quality
-                if attempt.accepted:
-                    kept.append((attempt, candidate, work))
-                elif refused is not None and attempt.merged_path is None:
-                    refused.append(attempt)
-                last = index == len(candidates) - 1
-                if not kept or (not last and len(kept) == 1 and kept[0][0].min_retention < SECOND_LOOK
-                                and attempt.accepted):
-                    continue  # nothing kept yet, or a merge on the threshold: look at the next one first
-                # Least lost gain first; the earlier (more similar) candidate on a tie.
-                for choice, into, folder in sorted(kept, key=lambda k: k[0].lost_gain):
-                    try:
-                        adapter_id = self.commit(choice, base, folder, replaces=[into["id"], *also_replaces],
-                                                 budget=budget, max_adapters=max_adapters, newcomer=newcomer,
-                                                 source=source)
-                    except BudgetExceeded:
-                        continue  # merged and still too big: the other kept one, then the next candidate
-                    return adapter_id, choice
-                kept = []
+                if not attempt.accepted:
+                    if refused is not None and attempt.merged_path is None:
+                        refused.append(attempt)
+                    continue
+                try:
+                    adapter_id = self.commit(attempt, base, Path(work), replaces=[candidate["id"], *also_replaces],
+                                             budget=budget, max_adapters=max_adapters, newcomer=newcomer,
+                                             source=source)
+                except BudgetExceeded:
+                    continue  # merged and still too big: the next candidate, then the caller's fallback
+            return adapter_id, attempt
         return None
 
     def _label(self, candidate: dict[str, Any]) -> str:
