@@ -26,6 +26,10 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
     [ours] = [r for r in result["rows"] if r["method"] == "zenedge@0.7"]
     assert [a["action"] for a in ours["actions"]][:2] == ["stored", "stored"]
     assert ours["actions"][2]["action"] in {"merged", "evicted"}  # K=2: the third arrival is under pressure
+    # Every gated candidate of that arrival is recorded (members, retention, verdict): what a
+    # later reading of the benchmark needs to see why the pool decided as it did.
+    assert ours["actions"][0]["attempts"] == [] and ours["actions"][2]["attempts"]
+    assert {"members", "retention", "accepted"} <= set(ours["actions"][2]["attempts"][0])
     for row in result["rows"]:
         assert set(row["scores"]) == {"a", "b", "c"} and row["seconds_per_arrival"] >= 0
     assert "| 2 |" in table(result) and "zenedge@0.7" in table(result)
