@@ -14,7 +14,7 @@ from pathlib import Path
 from zenedge import bases, config, paths
 from zenedge.adapters.lora_tensors import round_to, stored_dtype
 from zenedge.bench import merge as merge_bench
-from zenedge.merge import LowRankOPCMState, lowrank_opcm_init, lowrank_opcm_step
+from zenedge.pool.merger import fold
 from zenedge.registry.sources import embedded_root
 from zenedge.runtime.engine import Engine
 from zenedge.runtime.variants import lora_variant
@@ -39,10 +39,9 @@ def replay(actions):
         if action["action"] == "merged":
             [slot] = [s for s in slots if set(s["members"]) == set(action["merged_with"])]
             cap = max(f.rank for a in (slot["factors"], newcomer.factors) for f in a.values())
-            state = slot["state"] or lowrank_opcm_init(slot["factors"], cap)
-            state = lowrank_opcm_step(state, newcomer.factors, 0.5, cap)
-            slot["factors"] = round_to(state.merged, slot["dtype"])
-            slot["state"] = LowRankOPCMState(merged=slot["factors"], lam=state.lam, norms=state.norms)
+            state = fold(slot["factors"], slot["state"], newcomer.factors, cap)  # the pool's own fold
+            slot["factors"] = round_to(state.merged, slot["dtype"])  # as stored, and read back
+            slot["state"] = {"lam": state.lam, "norms": state.norms}
             slot["members"].append(newcomer.name)
             continue
         if action["action"] == "evicted":

@@ -89,6 +89,17 @@ def rank_cap(cfg: Config, *adapters: dict[str, LoraFactors]) -> int:
     return int(setting)
 
 
+def fold(stored: dict[str, LoraFactors], previous: dict[str, Any] | None, newcomer: dict[str, LoraFactors],
+         cap: int) -> LowRankOPCMState:
+    """One low-rank OPCM step of `newcomer` into a stored adapter, continuing the OPCM state stored
+    with a merged one (`previous`: its "lam" and "norms"), else starting from the adapter alone."""
+    if previous and "lam" in previous:
+        state = LowRankOPCMState(merged=stored, lam=float(previous["lam"]), norms=tuple(previous["norms"]))
+    else:
+        state = lowrank_opcm_init(stored, cap)
+    return lowrank_opcm_step(state, newcomer, OPCM_ALPHA, cap)
+
+
 class PoolMerger:
     def __init__(self, store: Store, cfg: Config, resident: ResidentModel, phases: Phases | None = None):
         self.store = store
@@ -136,13 +147,8 @@ class PoolMerger:
         into = self._label(candidate)
         with self.phases.phase("fold", f"merging {incoming.name} into {into}", candidate=into):
             stored = self.factors(candidate)
-            cap = rank_cap(self.cfg, stored, incoming.factors)
-            previous = candidate.get("state") or {}
-            if candidate["kind"] == "merged" and "lam" in previous:
-                state = LowRankOPCMState(merged=stored, lam=float(previous["lam"]), norms=tuple(previous["norms"]))
-            else:
-                state = lowrank_opcm_init(stored, cap)
-            state = lowrank_opcm_step(state, incoming.factors, OPCM_ALPHA, cap)
+            previous = candidate.get("state") if candidate["kind"] == "merged" else None
+            state = fold(stored, previous, incoming.factors, rank_cap(self.cfg, stored, incoming.factors))
         # Stored in the candidate's dtype (bf16 profiles stay bf16: the merge takes the slot's bytes,
         # not twice them), and gated as stored.
         dtype = stored_dtype(self.store.blob_path(candidate["sha256"]))
