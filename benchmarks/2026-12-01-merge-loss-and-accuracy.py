@@ -1,7 +1,8 @@
 """bench merge S with a stricter gate verdict: a member with a token-accuracy gain must keep the
 threshold in answer likelihood AND in answer tokens right (the default: OR). Motivated by `units`,
 which passes merges at loss retention 0.72-0.81 and then answers none of its scored examples.
-Writes the result JSON to argv[1]."""
+Writes the result JSON to argv[1]; argv[2] (optional): slot counts, e.g. "3,4,5" (default 2,3,4,5).
+Runs after least-loss admission weighed two refused merges (LEAST_LOSS_OPTIONS) measure AND with it."""
 import json, sys
 import zenedge.pool.gate as gate
 from zenedge.pool.gate import Verdict
@@ -20,7 +21,8 @@ def both(loss, accuracy):
 
 gate.verdict_of = both
 from zenedge.bench import merge as merge_bench
-result = merge_bench.run(None, orders=3, slot_counts=(2, 3, 4, 5), examples=16, thresholds=(0.7,), gate_examples=32,
+slots = tuple(int(k) for k in (sys.argv[2] if len(sys.argv) > 2 else "2,3,4,5").split(","))
+result = merge_bench.run(None, orders=3, slot_counts=slots, examples=16, thresholds=(0.7,), gate_examples=32,
                          methods=["zenedge"], log=lambda m: print(f"[bench] {m}", flush=True))
 result["verdict"] = "loss AND accuracy"
 open(sys.argv[1], "w").write(json.dumps(result, indent=2, default=str))

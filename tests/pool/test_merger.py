@@ -260,3 +260,22 @@ def test_least_loss_takes_the_refused_merge_only_when_evicting_would_lose_more(s
     else:
         assert weighed["lost_gain"] >= 1 and [n["name"] for n in store.names()] == ["beta"]
     assert store.check(budget=cfg.budget) == []
+
+
+def test_least_loss_weighs_more_than_one_refused_merge(store, tmp_path, make_profile):
+    """Two stored adapters both refuse the newcomer at T = 0.99: least-loss measures both refused
+    merges on every member and takes the one that loses least (beta is a near-copy of alpha)."""
+    a_dir, a_eval = make_profile("alpha", 1)
+    g_dir, g_eval = make_profile("gamma", 7)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.05)
+    cfg = set_config(tmp_path, '[pool]\nmax_adapters = 2\nquality_threshold = 0.99\n')
+    pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
+    pool.import_lora(store, cfg, g_dir, "gamma", base="tiny", eval_path=g_eval)
+    result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
+    weighed = [a for a in result["attempts"] if "lost_gain" in a]
+    assert len(weighed) == 2 and len({a["candidate"] for a in weighed}) == 2
+    assert all(set(a["retention"]) == set(a["members"]) for a in weighed)
+    least = min(weighed, key=lambda a: a["lost_gain"])
+    assert result["action"] == "merged" and result["lost_gain"] == least["lost_gain"]
+    assert sorted(result["merged_with"] + ["beta"]) == sorted(least["members"]) == ["alpha", "beta"]
+    assert store.check(budget=cfg.budget) == []

@@ -27,6 +27,7 @@ from zenedge.store import NewAdapter, NewName, Store
 # (an arrival whose third candidate would have taken it evicted a profile instead), and a clear
 # refusal costs only 16 examples per member with the sequential gate (BENCHMARKS.md).
 MERGE_CANDIDATES = 3
+LEAST_LOSS_OPTIONS = 2   # refused merges least-loss admission measures in full before choosing
 
 
 def resolve_base(store: Store, name: str | None, progress: Progress | None = None) -> dict[str, Any]:
@@ -260,28 +261,37 @@ def _merged_result(store: Store, entry: NewName, adapter_id: str, attempt, attem
 def _least_loss_merge(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, engine, refused: list[Refused],
                       victims: list[str], attempts: list[dict[str, Any]], phases: Phases) -> dict[str, Any] | None:
     """`pool.on_no_merge = "least-loss"`: no merge kept every member above the threshold, so room
-    costs quality either way. Evicting loses the evicted profiles' whole gains; the best refused
-    merge (the one whose failing member kept the most), measured on every member, loses what it
-    does not keep of each. Take the merge when it loses less."""
+    costs quality either way. Evicting loses the evicted profiles' whole gains; a refused merge,
+    measured on every member, loses what it does not keep of each. The LEAST_LOSS_OPTIONS refused
+    merges whose failing member kept the most are measured (the gate stopped at their first failure,
+    so that is all that is known of them) and the one that loses least is taken if it loses less."""
     evicted = sum(len(store.names_of(v)) for v in victims)
-    choice = max(refused, key=lambda r: r.attempt.min_retention)
-    best, merger = choice.attempt, choice.merger
-    # A status line only: the gate passes inside record their own time (a timed phase here would
-    # count them twice in the profile).
-    phases.note("weighing the best refused merge against evicting "
-                f"{evicted} profile{'s' if evicted != 1 else ''}", "gate", candidate=best.candidate_id[:12])
-    merger.measure_all(best, choice.incoming)
-    lost = best.lost_gain
-    attempts.append({**best.summary(), "lost_gain": round(lost, 4), "eviction_loses": evicted})
-    if lost >= evicted:
+    options: list[Refused] = []
+    for option in sorted(refused, key=lambda r: -r.attempt.min_retention):
+        if option.attempt.candidate_id not in {o.attempt.candidate_id for o in options}:
+            options.append(option)
+    best: Refused | None = None
+    for option in options[:LEAST_LOSS_OPTIONS]:
+        # A status line only: the gate passes inside record their own time (a timed phase here would
+        # count them twice in the profile).
+        phases.note(f"weighing a refused merge into {option.merger.label(option.attempt.candidate)} against evicting "
+                    f"{evicted} profile{'s' if evicted != 1 else ''}", "gate",
+                    candidate=option.attempt.candidate_id[:12])
+        option.merger.measure_all(option.attempt, option.incoming)
+        attempts.append({**option.attempt.summary(), "lost_gain": round(option.attempt.lost_gain, 4),
+                         "eviction_loses": evicted})
+        if best is None or option.attempt.lost_gain < best.attempt.lost_gain:
+            best = option
+    if best is None or best.attempt.lost_gain >= evicted:
         return None
+    lost = best.attempt.lost_gain
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
         try:
-            adapter_id = merger.commit(best, adapter.base, Path(work), replaces=[best.candidate_id], budget=cfg.budget,
-                                       max_adapters=cfg.pool.max_adapters, newcomer=entry)
+            adapter_id = best.merger.commit(best.attempt, adapter.base, Path(work), replaces=[best.attempt.candidate_id],
+                                            budget=cfg.budget, max_adapters=cfg.pool.max_adapters, newcomer=entry)
         except BudgetExceeded:
             return None
-    return _merged_result(store, entry, adapter_id, best, attempts, below_threshold=True,
+    return _merged_result(store, entry, adapter_id, best.attempt, attempts, below_threshold=True,
                           lost_gain=round(lost, 4), eviction_would_lose=evicted)
 
 

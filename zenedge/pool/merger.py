@@ -78,7 +78,7 @@ class Attempt:
     def summary(self) -> dict[str, Any]:
         return {"candidate": self.candidate_id[:12], "members": self.members, "similarity": round(self.similarity, 4),
                 "retention": {m.name: round(m.retention, 4) for m in self.measurements},
-                "examples": {m.name: m.examples for m in self.measurements if m.metric == "loss"},
+                "examples": {m.name: m.examples for m in self.measurements if m.metric != "proxy"},
                 "accepted": self.accepted}
 
 
@@ -144,7 +144,7 @@ class PoolMerger:
 
     def attempt(self, candidate: dict[str, Any], similarity: float, incoming: Incoming) -> Attempt:
         """Merge a LoRA `incoming` into `candidate` with low-rank OPCM (nothing stored yet) and gate it."""
-        into = self._label(candidate)
+        into = self.label(candidate)
         with self.phases.phase("fold", f"merging {incoming.name} into {into}", candidate=into):
             stored = self.factors(candidate)
             previous = candidate.get("state") if candidate["kind"] == "merged" else None
@@ -190,7 +190,7 @@ class PoolMerger:
 
         out = workdir / "merged.bitdelta"
         stored = self.store.blob_path(candidate["sha256"])
-        into = self._label(candidate)
+        into = self.label(candidate)
         with self.phases.phase("fold", f"merging {incoming.name} into {into}", candidate=into):
             state = merge_bitdelta_files(stored, candidate.get("state") or {}, incoming.delta_path, out, OPCM_ALPHA)
         attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.pool.quality_threshold, state,
@@ -237,7 +237,7 @@ class PoolMerger:
             return adapter_id, attempt
         return None
 
-    def _label(self, candidate: dict[str, Any]) -> str:
+    def label(self, candidate: dict[str, Any]) -> str:
         return "+".join(self.store.names_of(candidate["id"])) or candidate["id"][:12]
 
     def _gate(self, attempt: Attempt, candidate: dict[str, Any], own: Variant, merged: Variant,
