@@ -278,4 +278,7 @@ def test_least_loss_weighs_more_than_one_refused_merge(store, tmp_path, make_pro
     least = min(weighed, key=lambda a: a["lost_gain"])
     assert result["action"] == "merged" and result["lost_gain"] == least["lost_gain"]
     assert sorted(result["merged_with"] + ["beta"]) == sorted(least["members"]) == ["alpha", "beta"]
+    # Measuring a refused merge in full continues what its refusal read: no example is scored twice.
+    scored = sum(p.get("rows", 0) for p in result["profile"]["phases"] if p["phase"] == "gate")
+    assert scored == sum(sum(a["examples"].values()) for a in weighed)
     assert store.check(budget=cfg.budget) == []

@@ -172,6 +172,7 @@ class Member:
 class GateResult:
     measurements: list[Measurement]
     anchors: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> quality to store
+    reads: dict[str, "_Set"] = field(default_factory=dict)  # name -> what was read, to resume (check's `resume`)
 
     @property
     def passed(self) -> bool:
@@ -281,14 +282,20 @@ class QualityGate:
 
     # -- the gate ----------------------------------------------------------------------------
     def check(self, members: Sequence[Member], merged: Variant, threshold: float,
-              phases: Phases | None = None, *, stop_at_failure: bool = True) -> GateResult:
+              phases: Phases | None = None, *, stop_at_failure: bool = True,
+              resume: dict[str, _Set] | None = None) -> GateResult:
         """Measure every member on the merged variant, in lockstep rounds, until each has a verdict
         or one fails (the merge is rejected then and the rest is not read, unless
-        `stop_at_failure` is False: a forced manual merge reports every member)."""
+        `stop_at_failure` is False: a forced manual merge reports every member). `resume`: the
+        `reads` of an earlier check of the same merged variant, continued rather than read again."""
         phases = phases or Phases()
         result = GateResult([])
         sets: list[_Set] = []
+        resume = resume or {}
         for member in members:
+            if member.name in resume:
+                sets.append(resume[member.name])
+                continue
             try:
                 prepared = self._prepare(member, phases)
             except EvalSetError as exc:  # a broken stored set must not block merges: judge by the proxy
@@ -304,26 +311,34 @@ class QualityGate:
                     return result
             else:
                 sets.append(prepared)
-        open_sets = list(sets)
+        result.reads = {s.member.name: s for s in sets}
+        open_sets = [s for s in sets if s.merged]   # resumed: their verdict may already be in what was read
+        if not self._settle(open_sets, threshold, result, stop_at_failure):
+            result.anchors = self._anchors(sets)
+            return result
+        open_sets = [s for s in sets if s.member.name not in {m.name for m in result.measurements}]
         while open_sets:
             rows_needed = {id(s): len(s.merged) + (MIN_EXAMPLES if not s.merged else ROUND) for s in open_sets}
             self._anchor_round(open_sets, rows_needed, phases)
             self._merged_round(open_sets, rows_needed, merged, phases)
-            still = []
-            for s in open_sets:
-                decision, metric = self._decide(s, threshold)
-                if not decision.decided:
-                    still.append(s)
-                    continue
-                merged_loss = sum(s.merged) / max(1, sum(s.tokens[:len(s.merged)]))
-                result.measurements.append(Measurement(s.member.name, metric, decision.retention, merged_loss,
-                                                       decision.examples, decision.passed))
-                if not decision.passed and stop_at_failure:
-                    result.anchors = self._anchors(sets)
-                    return result
-            open_sets = still
+            if not self._settle(open_sets, threshold, result, stop_at_failure):
+                break
+            open_sets = [s for s in open_sets if s.member.name not in {m.name for m in result.measurements}]
         result.anchors = self._anchors(sets)
         return result
+
+    def _settle(self, sets: list[_Set], threshold: float, result: GateResult, stop_at_failure: bool) -> bool:
+        """Record the verdict of every set that has one; False when one failed and that ends the check."""
+        for s in sets:
+            decision, metric = self._decide(s, threshold)
+            if not decision.decided:
+                continue
+            merged_loss = sum(s.merged) / max(1, sum(s.tokens[:len(s.merged)]))
+            result.measurements.append(Measurement(s.member.name, metric, decision.retention, merged_loss,
+                                                   decision.examples, decision.passed))
+            if not decision.passed and stop_at_failure:
+                return False
+        return True
 
     def _prepare(self, member: Member, phases: Phases) -> _Set | None:
         if member.eval_path is None:

@@ -58,6 +58,7 @@ class Attempt:
     qualities: dict[str, dict[str, Any]] = field(default_factory=dict)  # anchors measured on the way
     dtype: torch.dtype = torch.float32  # what a LoRA merge is stored in: the replaced adapter's dtype
     candidate: dict[str, Any] | None = None  # the stored adapter's row (to measure or commit it later)
+    reads: dict[str, Any] = field(default_factory=dict)  # the gate's per-member reads (gate.GateResult.reads)
 
     @property
     def min_retention(self) -> float:
@@ -165,8 +166,9 @@ class PoolMerger:
         members = self._members(candidate, self.variant(candidate["id"], self.factors(candidate)),
                                 incoming, self.variant("incoming", incoming.factors))
         merged = self.variant("candidate-merge", round_to(attempt.state.merged, attempt.dtype))
-        result = self.gate.check(members, merged, attempt.threshold, self.phases, stop_at_failure=False)
-        attempt.measurements, attempt.qualities = result.measurements, result.anchors
+        result = self.gate.check(members, merged, attempt.threshold, self.phases, stop_at_failure=False,
+                                 resume=attempt.reads)
+        attempt.measurements, attempt.qualities, attempt.reads = result.measurements, result.anchors, result.reads
         return attempt
 
     def delta_candidates(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
@@ -248,8 +250,7 @@ class PoolMerger:
         members = self._members(candidate, own, incoming, incoming_variant)
         attempt.members = [m.name for m in members]
         result = self.gate.check(members, merged, attempt.threshold, self.phases)
-        attempt.measurements = result.measurements
-        attempt.qualities = result.anchors
+        attempt.measurements, attempt.qualities, attempt.reads = result.measurements, result.anchors, result.reads
         if incoming.name in result.anchors:  # kept for the next candidate: measured once per arrival
             incoming.quality = result.anchors[incoming.name]
         if not attempt.accepted:
