@@ -21,7 +21,8 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
                                                         for j in range(10)))
         (root / name / "recipe.json").write_text(json.dumps({"name": name, "metric": metric}))
     result = bench(root, tiny_base_dir, resident, orders=1, slot_counts=(2,), examples=6, gate_examples=4,
-                   thresholds=(0.0, 0.7), methods=METHODS, log=lambda *_: None)
+                   thresholds=(0.0, 0.7), methods=METHODS, log=lambda *_: None, first_order=4)
+    assert {r["order"] for r in result["rows"]} == {4}   # orders 4.. extend a run of orders 0..3
     assert [r["method"] for r in result["rows"]] == ["zenedge@0", "zenedge@0.7", "kmerge", "ties", "dare", "random"]
     [ours] = [r for r in result["rows"] if r["method"] == "zenedge@0.7"]
     assert [a["action"] for a in ours["actions"]][:2] == ["stored", "stored"]

@@ -239,11 +239,12 @@ def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: flo
 
 def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot_counts=(2, 3, 4, 5),
           examples: int = 32, thresholds=(0.7,), gate_examples: int = 32, methods=METHODS,
-          log=print) -> dict[str, Any]:
+          log=print, first_order: int = 0) -> dict[str, Any]:
     profiles = load_profiles(profiles_dir, examples)
     with tempfile.TemporaryDirectory() as gate_dir:
         write_gate_slices(profiles, examples, gate_examples, Path(gate_dir))
-        rows = _rows(profiles, base_dir, resident, orders, slot_counts, examples, thresholds, methods, log)
+        rows = _rows(profiles, base_dir, resident, range(first_order, first_order + orders), slot_counts, examples,
+                     thresholds, methods, log)
     integration = integration_seconds(profiles)
     log(f"integration without the gate: {integration['mean']:.3f} s mean, {integration['max']:.3f} s max")
     return {"profiles": [{"name": p.name, "metric": p.metric, "base": p.base, "own": p.own} for p in profiles],
@@ -251,7 +252,7 @@ def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot
             "gate_examples": gate_examples}
 
 
-def _rows(profiles: list[Profile], base_dir: Path, resident, orders: int, slot_counts, examples: int, thresholds,
+def _rows(profiles: list[Profile], base_dir: Path, resident, orders: range, slot_counts, examples: int, thresholds,
           methods, log) -> list[dict[str, Any]]:
     """Every (order, K, method) row: the pool built by that method, each profile scored on it."""
     from zenedge.runtime.variants import lora_variant
@@ -263,7 +264,7 @@ def _rows(profiles: list[Profile], base_dir: Path, resident, orders: int, slot_c
         profile.own = scorer.score(profile, lora_variant("own", profile.factors, resident), "own")
         log(f"{profile.name}: base {profile.base} own {profile.own}")
     rows = []
-    for order_index in range(orders):
+    for order_index in orders:
         order = profiles[:]
         random.Random(1000 + order_index).shuffle(order)
         for slots in slot_counts:
@@ -331,7 +332,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3, 4, 5), examples: int = 32,
-        thresholds=None, gate_examples: int = 32, methods=METHODS, log=print) -> dict[str, Any]:
+        thresholds=None, gate_examples: int = 32, methods=METHODS, log=print, first_order: int = 0) -> dict[str, Any]:
     """The whole benchmark on the store's default base (converted on first use)."""
     from zenedge import bases, config, paths
     from zenedge.registry.sources import embedded_root
@@ -348,5 +349,5 @@ def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3,
     return bench(profiles_dir or embedded_root(), store.home / base["dir"], resident, orders=orders,
                  slot_counts=tuple(slot_counts), examples=examples,
                  thresholds=tuple(thresholds or (cfg.pool.quality_threshold,)),
-                 gate_examples=gate_examples, methods=tuple(methods), log=log)
+                 gate_examples=gate_examples, methods=tuple(methods), log=log, first_order=first_order)
 

@@ -114,6 +114,9 @@ def _fraction_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--profiles", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="A registry folder with LoRA profiles and eval sets (default: the embedded one).")
 @click.option("--orders", type=click.IntRange(1, 20), default=3, show_default=True, help="Random arrival orders.")
+@click.option("--first-order", type=click.IntRange(0, 1000), default=0, show_default=True,
+              help="Index of the first arrival order; each index is one fixed shuffle, so "
+                   "--orders 3 --first-order 3 adds orders 3-5 to a run of orders 0-2.")
 @click.option("--slots", default="2,3,4,5", show_default=True, callback=_int_list, help="Slot counts K.")
 @click.option("--examples", type=click.IntRange(1, 1000), default=32, show_default=True,
               help="Eval examples scored per profile.")
@@ -124,7 +127,7 @@ def _fraction_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--methods", default="zenedge,kmerge,ties,dare,random", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write every row as JSON here.")
 @json_option
-def merge(profiles: Path | None, orders: int, slots: tuple[int, ...], examples: int,
+def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int, ...], examples: int,
           thresholds: tuple[float, ...] | None, gate_examples: int, methods: str, out: Path | None,
           json_out: bool) -> None:
     """The K-Merge proof: every profile arrives in turn into K slots; normalised score S per method
@@ -134,7 +137,7 @@ def merge(profiles: Path | None, orders: int, slots: tuple[int, ...], examples: 
     from zenedge.bench import merge as merge_bench
 
     try:
-        result = merge_bench.run(profiles, orders=orders, slot_counts=slots, examples=examples, thresholds=thresholds,
+        result = merge_bench.run(profiles, orders=orders, first_order=first_order, slot_counts=slots, examples=examples, thresholds=thresholds,
                                  gate_examples=gate_examples,
                                  methods=[m.strip() for m in methods.split(",") if m.strip()], log=_progress)
     except ValueError as exc:
