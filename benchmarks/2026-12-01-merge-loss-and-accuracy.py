@@ -1,7 +1,7 @@
 """bench merge S with a stricter gate verdict: a member with a token-accuracy gain must keep the
 threshold in answer likelihood AND in answer tokens right (the default: OR). Motivated by `units`,
 which passes merges at loss retention 0.72-0.81 and then answers none of its scored examples.
-Writes the result JSON to argv[1]; argv[2] (optional): slot counts, e.g. "3,4,5" (default 2,3,4,5).
+Writes the result JSON to argv[1]; argv[2] (optional): slot counts, e.g. "3,4,5" (default 2,3,4,5); argv[3] (optional): the first order (default 0).
 Runs after least-loss admission weighed two refused merges (LEAST_LOSS_OPTIONS) measure AND with it."""
 import json, sys
 import zenedge.pool.gate as gate
@@ -22,7 +22,8 @@ def both(loss, accuracy):
 gate.verdict_of = both
 from zenedge.bench import merge as merge_bench
 slots = tuple(int(k) for k in (sys.argv[2] if len(sys.argv) > 2 else "2,3,4,5").split(","))
-result = merge_bench.run(None, orders=3, slot_counts=slots, examples=16, thresholds=(0.7,), gate_examples=32,
+first = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+result = merge_bench.run(None, orders=3, first_order=first, slot_counts=slots, examples=16, thresholds=(0.7,), gate_examples=32,
                          methods=["zenedge"], log=lambda m: print(f"[bench] {m}", flush=True))
 result["verdict"] = "loss AND accuracy"
 open(sys.argv[1], "w").write(json.dumps(result, indent=2, default=str))
