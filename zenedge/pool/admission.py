@@ -1,8 +1,9 @@
 """Admission: what enters the pool. Incoming adapters are validated against their base, then
 stored when they fit; else merged into one of the most similar stored adapters if the quality
 gate passes (merger.py, the one merge loop); else, as `pool.on_no_merge` says, the refused merge
-losing least (of the two best) or an eviction (request-rate-weighted LRU, fewest profiles first, never pinned), whichever
-loses less of the profiles' gains ("least-loss", the default), an eviction ("evict"), or a refusal.
+losing least (of the two best) or an eviction (request-rate-weighted LRU, fewest profiles first,
+never pinned), whichever loses less of the profiles' gains ("least-loss", the default), an
+eviction ("evict"), or a refusal.
 """
 
 from __future__ import annotations
