@@ -137,7 +137,8 @@ def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int
     from zenedge.bench import merge as merge_bench
 
     try:
-        result = merge_bench.run(profiles, orders=orders, first_order=first_order, slot_counts=slots, examples=examples, thresholds=thresholds,
+        result = merge_bench.run(profiles, orders=orders, first_order=first_order, slot_counts=slots,
+                                 examples=examples, thresholds=thresholds,
                                  gate_examples=gate_examples,
                                  methods=[m.strip() for m in methods.split(",") if m.strip()], log=_progress)
     except ValueError as exc:

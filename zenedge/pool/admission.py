@@ -288,8 +288,9 @@ def _least_loss_merge(store: Store, cfg: Config, adapter: NewAdapter, entry: New
     lost = best.attempt.lost_gain
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
         try:
-            adapter_id = best.merger.commit(best.attempt, adapter.base, Path(work), replaces=[best.attempt.candidate_id],
-                                            budget=cfg.budget, max_adapters=cfg.pool.max_adapters, newcomer=entry)
+            adapter_id = best.merger.commit(best.attempt, adapter.base, Path(work),
+                                            replaces=[best.attempt.candidate_id], budget=cfg.budget,
+                                            max_adapters=cfg.pool.max_adapters, newcomer=entry)
         except BudgetExceeded:
             return None
     return _merged_result(store, entry, adapter_id, best.attempt, attempts, below_threshold=True,
