@@ -267,12 +267,9 @@ def _least_loss_merge(store: Store, cfg: Config, adapter: NewAdapter, entry: New
     merges whose failing member kept the most are measured (the gate stopped at their first failure,
     so that is all that is known of them) and the one that loses least is taken if it loses less."""
     evicted = sum(len(store.names_of(v)) for v in victims)
-    options: list[Refused] = []
-    for option in sorted(refused, key=lambda r: -r.attempt.min_retention):
-        if option.attempt.candidate_id not in {o.attempt.candidate_id for o in options}:
-            options.append(option)
+    options = sorted(refused, key=lambda r: r.attempt.min_retention, reverse=True)[:LEAST_LOSS_OPTIONS]
     best: Refused | None = None
-    for option in options[:LEAST_LOSS_OPTIONS]:
+    for option in options:  # one refused attempt per candidate (merger.merge_first_kept gates each once)
         # A status line only: the gate passes inside record their own time (a timed phase here would
         # count them twice in the profile).
         phases.note(f"weighing a refused merge into {option.merger.label(option.attempt.candidate)} against evicting "

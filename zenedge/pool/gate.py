@@ -312,33 +312,30 @@ class QualityGate:
             else:
                 sets.append(prepared)
         result.reads = {s.member.name: s for s in sets}
-        open_sets = [s for s in sets if s.merged]   # resumed: their verdict may already be in what was read
-        if not self._settle(open_sets, threshold, result, stop_at_failure):
-            result.anchors = self._anchors(sets)
-            return result
-        open_sets = [s for s in sets if s.member.name not in {m.name for m in result.measurements}]
+        open_sets = self._settle(sets, threshold, result, stop_at_failure)  # resumed sets may be decided already
         while open_sets:
             rows_needed = {id(s): len(s.merged) + (MIN_EXAMPLES if not s.merged else ROUND) for s in open_sets}
             self._anchor_round(open_sets, rows_needed, phases)
             self._merged_round(open_sets, rows_needed, merged, phases)
-            if not self._settle(open_sets, threshold, result, stop_at_failure):
-                break
-            open_sets = [s for s in open_sets if s.member.name not in {m.name for m in result.measurements}]
+            open_sets = self._settle(open_sets, threshold, result, stop_at_failure)
         result.anchors = self._anchors(sets)
         return result
 
-    def _settle(self, sets: list[_Set], threshold: float, result: GateResult, stop_at_failure: bool) -> bool:
-        """Record the verdict of every set that has one; False when one failed and that ends the check."""
+    def _settle(self, sets: list[_Set], threshold: float, result: GateResult, stop_at_failure: bool) -> list[_Set]:
+        """Record the verdict of every set that has one (a set not read yet has none); returns the
+        sets still undecided, or none when a failure ends the check."""
+        still = []
         for s in sets:
             decision, metric = self._decide(s, threshold)
             if not decision.decided:
+                still.append(s)
                 continue
             merged_loss = sum(s.merged) / max(1, sum(s.tokens[:len(s.merged)]))
             result.measurements.append(Measurement(s.member.name, metric, decision.retention, merged_loss,
                                                    decision.examples, decision.passed))
             if not decision.passed and stop_at_failure:
-                return False
-        return True
+                return []
+        return still
 
     def _prepare(self, member: Member, phases: Phases) -> _Set | None:
         if member.eval_path is None:
