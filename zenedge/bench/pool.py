@@ -112,7 +112,7 @@ def _row(name: str, seconds: float, result: dict[str, Any], first_use: bool = Fa
             "candidates_gated": len(attempts),
             "examples_read": [sum(a.get("examples", {}).values()) for a in attempts],
             "pool_seconds": profile.get("total_seconds"), "by_phase": profile.get("by_phase", {}),
-            "first_use": first_use}
+            "first_use": first_use, "attempts": attempts}
 
 
 def table(result: dict[str, Any]) -> str:

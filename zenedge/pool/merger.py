@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ class Attempt:
     dtype: torch.dtype = torch.float32  # what a LoRA merge is stored in: the replaced adapter's dtype
     candidate: dict[str, Any] | None = None  # the stored adapter's row (to measure or commit it later)
     reads: dict[str, Any] = field(default_factory=dict)  # the gate's per-member reads (gate.GateResult.reads)
+    gated: tuple[list[Member], Variant] | None = None  # what the gate reads (members, merged variant), to go on
 
     @property
     def min_retention(self) -> float:
@@ -155,21 +156,15 @@ class PoolMerger:
         dtype = stored_dtype(self.store.blob_path(candidate["sha256"]))
         attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.pool.quality_threshold, state,
                           dtype=dtype, candidate=candidate)
-        own = self.variant(candidate["id"], stored)
-        return self._gate(attempt, candidate, own, self.variant("candidate-merge", round_to(state.merged, dtype)),
-                          incoming, self.variant("incoming", incoming.factors))
+        members = self._members(candidate, self.variant(candidate["id"], stored), incoming,
+                                self.variant("incoming", incoming.factors))
+        attempt.gated = members, self.variant("candidate-merge", round_to(state.merged, dtype))
+        return self._gate(attempt, incoming)
 
     def measure_all(self, attempt: Attempt, incoming: Incoming) -> Attempt:
         """A refused LoRA attempt measured on every member (the gate stopped at the first failure):
         what least-loss admission weighs against an eviction."""
-        candidate = attempt.candidate
-        members = self._members(candidate, self.variant(candidate["id"], self.factors(candidate)),
-                                incoming, self.variant("incoming", incoming.factors))
-        merged = self.variant("candidate-merge", round_to(attempt.state.merged, attempt.dtype))
-        result = self.gate.check(members, merged, attempt.threshold, self.phases, stop_at_failure=False,
-                                 resume=attempt.reads)
-        attempt.measurements, attempt.qualities, attempt.reads = result.measurements, result.anchors, result.reads
-        return attempt
+        return self._gate(attempt, incoming, resume=attempt.reads, stop_at_failure=False)
 
     def delta_candidates(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
         from zenedge.bitdelta.fileformat import load_bitdelta
@@ -198,9 +193,10 @@ class PoolMerger:
         attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.pool.quality_threshold, state,
                           merged_path=out)
         device = self.resident.device
-        return self._gate(attempt, candidate, load_variant(candidate["id"], stored, device),
-                          load_variant("candidate-merge", out, device), incoming,
-                          load_variant("incoming", incoming.delta_path, device))
+        members = self._members(candidate, load_variant(candidate["id"], stored, device), incoming,
+                                load_variant("incoming", incoming.delta_path, device))
+        attempt.gated = members, load_variant("candidate-merge", out, device)
+        return self._gate(attempt, incoming)
 
     def ranked(self, incoming: Incoming, base: str) -> list[tuple[dict[str, Any], float]]:
         """Stored adapters `incoming` could merge into, most similar first (deltas with deltas)."""
@@ -242,14 +238,17 @@ class PoolMerger:
     def label(self, candidate: dict[str, Any]) -> str:
         return "+".join(self.store.names_of(candidate["id"])) or candidate["id"][:12]
 
-    def _gate(self, attempt: Attempt, candidate: dict[str, Any], own: Variant, merged: Variant,
-              incoming: Incoming, incoming_variant: Variant) -> Attempt:
+    def _gate(self, attempt: Attempt, incoming: Incoming, *, resume: dict[str, Any] | None = None,
+              stop_at_failure: bool = True) -> Attempt:
         """Measure every member of the candidate and the newcomer on the merged variant (the gate
         stops at the first member that clearly fails; each eval example read is a forward pass,
-        the bulk of an arrival's cost)."""
-        members = self._members(candidate, own, incoming, incoming_variant)
+        the bulk of an arrival's cost). The newcomer goes in with the anchors measured for it so far
+        (by this arrival's earlier attempts)."""
+        members, merged = attempt.gated
+        members = [replace(m, quality=incoming.quality) if m.name == incoming.name else m for m in members]
         attempt.members = [m.name for m in members]
-        result = self.gate.check(members, merged, attempt.threshold, self.phases)
+        result = self.gate.check(members, merged, attempt.threshold, self.phases, resume=resume,
+                                 stop_at_failure=stop_at_failure)
         attempt.measurements, attempt.qualities, attempt.reads = result.measurements, result.anchors, result.reads
         if incoming.name in result.anchors:  # kept for the next candidate: measured once per arrival
             incoming.quality = result.anchors[incoming.name]
