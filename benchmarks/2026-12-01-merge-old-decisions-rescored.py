@@ -7,7 +7,9 @@ Every (order, K) row of profiles/merge_bench.json: the pool is rebuilt arrival b
 table's zenedge@0.7 pool did it (stored / merged with the same members / evicted), each merge a
 low-rank OPCM step (alpha 0.5, rank cap = the larger member's) continuing the slot's state and
 rounded to the slot's dtype as the pool stores it; then every profile is scored as `bench merge`
-scores it. Writes the JSON to argv[1] and prints the table."""
+scores it. Writes the JSON to argv[1] and prints the table. argv[2] (optional): another `bench merge`
+JSON of the 2026-11-30 code's decisions (orders 3-5 were run at 1ba3b1f later, see BENCHMARKS.md);
+default: the embedded merge_bench.json."""
 import json, statistics, sys
 from pathlib import Path
 
@@ -20,7 +22,8 @@ from zenedge.runtime.engine import Engine
 from zenedge.runtime.variants import lora_variant
 from zenedge.store import Store
 
-old = json.loads((embedded_root() / "merge_bench.json").read_text())
+decisions = Path(sys.argv[2]) if len(sys.argv) > 2 else embedded_root() / "merge_bench.json"
+old = json.loads(decisions.read_text())
 cfg = config.load(paths.config_path())
 store = Store(paths.home())
 resident = Engine(store, cfg).resident(bases.ensure_base(store, bases.DEFAULT_BASE)["name"])

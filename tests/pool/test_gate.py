@@ -114,3 +114,38 @@ def test_token_accuracy_counts_only_where_the_adapter_gained_it():
     assert accuracy_verdict([10] * 16, [11] * 16, [0] * 16, tokens, 0.7, 64) is None   # +2.5 points only
     loss = verdict([30.0] * 16, [20.0] * 16, [29.0] * 16, tokens, 0.7, 64)
     assert verdict_of(loss, None) == (loss, "loss")
+
+
+def test_a_merge_that_keeps_the_likelihood_but_not_the_answers_is_refused():
+    """`units` (BENCHMARKS.md): merges kept 0.72-0.81 of its likelihood gain and answered none of
+    its examples. Loss alone (or loss OR accuracy) passes that; the floor on token accuracy
+    (min(FLOOR, T) of the gain) refuses it. The gate's own wiring, from a member's reads."""
+    from zenedge.evaluation import EncodedExample
+    from zenedge.pool.gate import FLOOR, Member, QualityGate, _Set, accuracy_verdict, verdict_of
+
+    n = 16
+    examples = [EncodedExample((1, 2), (3, 4, 5, 6), "x", None) for _ in range(n)]
+    member = Member("units", None, {}, None, True)
+    reads = _Set(member, examples, 64, base=[8.0] * n, own=[1.0] * n,
+                 merged=[2.4 + 0.1 * (i % 3) for i in range(n)],                # ~0.79 of the loss gain
+                 base_hits=[0] * n, own_hits=[4] * n, merged_hits=[0] * n)      # none of the answers
+    loss = verdict(reads.base, reads.own, reads.merged, reads.tokens, 0.7, 64)
+    accuracy = accuracy_verdict(reads.base_hits, reads.own_hits, reads.merged_hits, reads.tokens, 0.7, 64)
+    assert loss.decided and loss.passed and verdict_of(loss, accuracy)[0].passed   # the rule without a floor
+    refused, metric = QualityGate._decide(reads, 0.7)
+    assert refused.decided and not refused.passed and metric == "accuracy" and refused.retention == 0.0
+    # Half the answers kept (at or above the floor): the loss pass stands.
+    reads.merged_hits = [2] * n
+    kept, metric = QualityGate._decide(reads, 0.7)
+    assert FLOOR <= 0.5 and kept.decided and kept.passed and metric == "loss"
+
+
+def test_the_floor_only_refuses():
+    """A floor still undecided does not hold back a member that passes on the threshold; one clearly
+    failed refuses it whatever the threshold tests say."""
+    from zenedge.pool.gate import Verdict, verdict_of
+
+    passed, undecided = Verdict(True, True, 0.9, 16), Verdict(False, False, 0.55, 16)
+    failed = Verdict(True, False, 0.1, 16)
+    assert verdict_of(passed, undecided, ((passed, "loss"), (undecided, "accuracy"))) == (passed, "loss")
+    assert verdict_of(passed, passed, ((passed, "loss"), (failed, "accuracy"))) == (failed, "accuracy")
