@@ -3,9 +3,10 @@
 For a member with an eval set, retention = (L_base − L_merged) / (L_base − L_member), with L the
 teacher-forced answer loss on the member's own eval set, measured on the real base; the member is
 kept if retention ≥ T, or if the same ratio on answer tokens right (teacher-forced argmax) is ≥ T
-where its own adapter gains at least ACCURACY_GAIN of them (`verdict_of` says why). A profile's
-base and own scores (its anchors) are measured once, while its own adapter still exists, and
-stored with its name, per example, because the original adapter is gone after a merge.
+where its own adapter gains at least ACCURACY_GAIN of them, and refused when either ratio is
+clearly below min(FLOOR, T) (`verdict_of` says why). A profile's base and own scores (its anchors)
+are measured once, while its own adapter still exists, and stored with its name, per example,
+because the original adapter is gone after a merge.
 
 Why it is fast (BENCHMARKS.md, "The pool at interactive speed"):
 - Sequential: the examples of each set are read in a fixed shuffled order, ROUND at a time. Per
