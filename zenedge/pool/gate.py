@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import math
 import random
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -62,6 +63,8 @@ GAIN_EPS = 1e-3       # below this (nats per token), the member did not improve 
 ACCURACY_GAIN = 0.05  # a member whose own adapter gets this much more of its answer tokens right than the
                       # base (teacher-forced argmax) may also pass on keeping that gain (see `verdict_of`)
 FLOOR = 0.5           # ... and is refused when clearly below this much of it in either (or the threshold)
+# Registry claims checked per resident model (`QualityGate._check_claims`); weak: a dropped base takes its entries.
+_CONFIRMED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, bool]]" = weakref.WeakKeyDictionary()
 GENERIC_PROMPTS = [
     "Tell me about your day.", "What is the capital of Italy?", "Write one sentence about rain.",
     "How do I boil an egg?", "List three colours.", "Explain what a computer is.",
@@ -303,6 +306,7 @@ class QualityGate:
         result = GateResult([])
         sets: list[_Set] = []
         resume = resume or {}
+        self._check_claims([m for m in members if m.name not in resume], phases)
         for member in members:
             if member.name in resume:
                 sets.append(resume[member.name])
@@ -354,9 +358,11 @@ class QualityGate:
         quality = member.quality or {}
         per_example = quality.get("per_example")
         digest, examples = self.encoded(member.eval_path)
-        if (per_example and per_example.get("order") == digest and quality.get("claimed") and member.original
-                and not self._confirms(member, per_example, examples, phases)):
-            per_example = None  # the registry's anchors are not this base's numbers: measure them here
+        claim = self._claim(member)
+        if claim is not None:
+            self._check_claims([member], phases)  # a no-op where `check` did it for every member at once
+            if not self._confirmed()[claim]:
+                per_example = None  # the registry's anchors are not this base's numbers: measure them here
         if per_example and per_example.get("order") == digest:
             known = len(per_example["base"])
             population = len(examples) if member.original else known
@@ -374,24 +380,59 @@ class QualityGate:
             return _Set(member, examples[:count], count, [], [], order=digest, legacy=True)
         return None
 
-    def _confirms(self, member: Member, claimed: dict[str, Any], examples: list[EncodedExample],
-                  phases: Phases) -> bool:
-        """Re-measure the first VERIFY_EXAMPLES of a registry's claimed anchors (base and own): a
-        registry is untrusted, and anchors from another base or scorer would skew every verdict."""
-        count = min(VERIFY_EXAMPLES, len(examples), len(claimed["base"]))
-        rows = [(variant, examples[i]) for i in range(count) for variant in (None, member.current)]
-        with phases.phase("anchors", f"checking the registry's measurements of {member.name}",
-                          members=[member.name]) as rec:
-            values = self.score(rows)
+    def _claim(self, member: Member) -> tuple | None:
+        """What identifies a registry's claimed anchors for `member` (its eval set's order, the adapter
+        serving it, the claimed numbers re-measured), or None when it has no claim to check."""
+        per_example = (member.quality or {}).get("per_example")
+        if not (member.original and member.eval_path is not None and per_example and member.quality.get("claimed")):
+            return None
+        digest, examples = self.encoded(member.eval_path)
+        if per_example.get("order") != digest:
+            return None
+        count = min(VERIFY_EXAMPLES, len(examples), len(per_example["base"]))
+        return (digest, member.current.key if member.current else None,
+                tuple(per_example["base"][:count]), tuple(per_example["own"][:count]))
+
+    def _confirmed(self) -> dict[tuple, bool]:
+        """Claims checked on this resident model, by `_claim`: a pull's later attempts, and a daemon's
+        later pulls, do not check the same claim again."""
+        return _CONFIRMED.setdefault(self.resident.model, {})
+
+    def _check_claims(self, members: Sequence[Member], phases: Phases) -> None:
+        """Re-measure the first VERIFY_EXAMPLES of every member's claimed anchors (base and own), all
+        in one batch: a registry is untrusted, and anchors from another base or scorer would skew
+        every verdict."""
+        confirmed = self._confirmed()
+        todo = {}
+        for member in members:
+            try:
+                claim = self._claim(member)
+            except EvalSetError:
+                continue  # `_prepare` meets it again, and falls back to the proxy
+            if claim is not None and claim not in confirmed:
+                todo[claim] = member
+        if not todo:
+            return
+        rows = []
+        for claim, member in todo.items():
+            examples = self.encoded(member.eval_path)[1]
+            rows += [(variant, examples[i]) for i in range(len(claim[2])) for variant in (None, member.current)]
+        names = [member.name for member in todo.values()]
+        with phases.phase("anchors", f"checking the registry's measurements of {', '.join(names)}",
+                          members=names) as rec:
+            values = iter(self.score(rows))
             rec["rows"] = len(rows)
-        for i in range(count):
-            tolerance = VERIFY_SLACK + VERIFY_PER_TOKEN * len(examples[i].answer_ids)
-            (base, _), (own, _) = values[2 * i], values[2 * i + 1]
-            if abs(base - claimed["base"][i]) > tolerance or abs(own - claimed["own"][i]) > tolerance:
+        for claim, member in todo.items():
+            examples = self.encoded(member.eval_path)[1]
+            confirmed[claim] = True
+            for i, (claimed_base, claimed_own) in enumerate(zip(claim[2], claim[3])):
+                tolerance = VERIFY_SLACK + VERIFY_PER_TOKEN * len(examples[i].answer_ids)
+                (base, _), (own, _) = next(values), next(values)
+                if abs(base - claimed_base) > tolerance or abs(own - claimed_own) > tolerance:
+                    confirmed[claim] = False
+            if not confirmed[claim]:
                 phases.note(f"{member.name}: the registry's measurements do not match this base; measuring them",
                             "anchors", member=member.name)
-                return False
-        return True
 
     def measure_anchors(self, name: str, eval_path: Path, own: Variant, phases: Phases | None = None) -> dict[str, Any]:
         """A profile's anchors on every example the gate may read (what a registry publishes)."""
