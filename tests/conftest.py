@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# `pull` and `run` start a background daemon unless told not to (server.keep_alive): a test's CLI
+# subprocess must not leave one behind. The tests of that start set this themselves.
+os.environ["ZENEDGE_KEEP_ALIVE"] = "0"
 TINY_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 

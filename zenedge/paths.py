@@ -5,6 +5,7 @@ ZENEDGE_CONFIG  the TOML config file               default: platformdirs user co
 ZENEDGE_TOKEN   bearer token for the TCP listener  default: a generated 0600 file in the home
 ZENEDGE_NATIVE_KERNELS  0 turns off the C kernels for the CPU (kernels/native/)  default: on
 ZENEDGE_LLAMA_BENCH     a built llama.cpp `llama-bench`, a peer row in `zenedge bench run`  default: none
+ZENEDGE_KEEP_ALIVE      seconds; overrides the config's server.keep_alive (0: the CLI never starts a daemon)
 """
 
 from __future__ import annotations
@@ -78,3 +79,19 @@ def _private_dir(path: Path) -> Path:
 
 def token_from_env() -> str | None:
     return os.environ.get("ZENEDGE_TOKEN") or None
+
+
+def keep_alive_from_env() -> float | None:
+    """ZENEDGE_KEEP_ALIVE as seconds, or None when unset (then the config's server.keep_alive holds)."""
+    value = os.environ.get("ZENEDGE_KEEP_ALIVE", "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        from zenedge.errors import InvalidInput
+
+        raise InvalidInput(f"ZENEDGE_KEEP_ALIVE={value!r} is not a number of seconds >= 0")
+    return seconds

@@ -561,6 +561,13 @@ export interface SchedulerStats {
   rejected: number;
 }
 
+export interface Stopping {
+  status: "stopping";
+  pid: number;
+  /** how long requests in flight get to finish */
+  grace_seconds: number;
+}
+
 export interface StreamOptions {
   include_usage?: boolean;
 }

@@ -197,6 +197,9 @@ class DaemonClient:
     def maintain(self) -> dict:
         return self._json("POST", "/api/pool")
 
+    def stop(self) -> dict:
+        return self._json("POST", "/api/stop")
+
 
 def sampling_body(model: str, *, max_tokens: int, temperature: float, top_p: float, seed: int | None,
                   stop: tuple[str, ...] | list[str]) -> dict:

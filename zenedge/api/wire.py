@@ -250,6 +250,12 @@ class Health(Reply):
     home_id: str = Field(description="identifies the pool this daemon serves (a hash, not the path)")
 
 
+class Stopping(Reply):
+    status: Literal["stopping"] = "stopping"
+    pid: int
+    grace_seconds: float = Field(description="how long requests in flight get to finish")
+
+
 class PoolEntry(BaseModel):
     name: str
     kind: str

@@ -32,6 +32,7 @@ app.add_command(compress_cmds.compress)
 app.add_command(export_cmds.export)
 app.add_command(doctor_cmds.doctor)
 app.add_command(serve_cmds.serve)
+app.add_command(serve_cmds.stop)
 app.add_command(serve_cmds.ps)
 app.add_command(bench_cmds.bench)
 for command in (registry_cmds.search, registry_cmds.pull, registry_cmds.registry):

@@ -1,14 +1,23 @@
-"""Finding a running daemon from the CLI, cheaply.
+"""Finding a running daemon from the CLI, cheaply, and starting one for `pull` and `run`.
 
 Commands that can go through the daemon (run, pull, rm, budget set, ps) call `find_daemon()`. It costs
 a stat of the socket path when no daemon runs (~5 ms of imports, well under 1 ms), and one /health
 round trip over the socket (short timeout) when one does; it imports only the stdlib client (no
 httpx, pydantic, FastAPI or torch).
+
+`pull` and `run` go further (`find_or_start_daemon`): with no daemon up they start one in the
+background that exits after `server.keep_alive` seconds with nothing to do (Ollama's keep-alive, 5
+minutes by default). A fresh process pays ~6 s of imports and base load before a merge's quality
+gate reads its first row, or a generation its first token; a daemon pays them once, and the next
+commands in those minutes start at once (BENCHMARKS.md, "The pool at interactive speed").
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Callable
 
 from zenedge import paths
 from zenedge.api import discovery
@@ -19,6 +28,8 @@ if TYPE_CHECKING:
     from zenedge.api.client import DaemonClient
 
 HEALTH_TIMEOUT = 1.0
+START_TIMEOUT = 60.0   # a cold start imports torch and FastAPI: ~2.5 s here, far more on a loaded laptop
+RACE_WAIT = 5.0        # after our daemon exited (another command's won the home): how long to wait for that one
 
 
 def find_daemon(cfg: Config | None = None, timeout: float = HEALTH_TIMEOUT) -> DaemonClient | None:
@@ -40,6 +51,66 @@ def find_daemon(cfg: Config | None = None, timeout: float = HEALTH_TIMEOUT) -> D
     if health.get("home_id") != discovery.home_id(paths.home()):
         return None  # a daemon of another home on a shared socket path: never touch its pool
     return client
+
+
+def keep_alive(cfg: Config) -> float:
+    """Seconds a daemon started by the CLI stays up idle: ZENEDGE_KEEP_ALIVE, else server.keep_alive."""
+    override = paths.keep_alive_from_env()
+    return cfg.server.keep_alive if override is None else override
+
+
+def find_or_start_daemon(cfg: Config, say: Callable[[str], None]) -> DaemonClient | None:
+    """The running daemon, else one started now (when keep_alive > 0); None where neither: the
+    command then works in this process, as it did before daemons existed."""
+    client = find_daemon(cfg)
+    seconds = keep_alive(cfg)
+    if client is not None or seconds <= 0:
+        return client
+    return start_daemon(cfg, seconds, say)
+
+
+def start_daemon(cfg: Config, seconds: float, say: Callable[[str], None]) -> DaemonClient | None:
+    """`zenedge serve --idle-exit SECONDS` in its own session (it outlives this command), logging to
+    <home>/logs/daemon.log; waits until it answers. None, with a note, when it does not come up."""
+    import subprocess
+
+    log_path = paths.home() / "logs" / "daemon.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    say(f"starting a zenedge daemon for this pool (it exits after {seconds:g} s with nothing to do; "
+        "`zenedge stop` ends it now)")
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "zenedge.cli", "serve", "--idle-exit", f"{seconds:g}", "--log-level", "warning"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=dict(os.environ))
+    deadline, exited_at = time.monotonic() + START_TIMEOUT, None
+    while time.monotonic() < deadline:
+        client = find_daemon(cfg)
+        if client is not None:
+            return client
+        if exited_at is None and process.poll() is not None:
+            exited_at = time.monotonic()  # refused (another daemon claimed the home first) or failed
+        if exited_at is not None and time.monotonic() - exited_at > RACE_WAIT:
+            break
+        time.sleep(0.05)
+    say(f"note: the zenedge daemon did not start (see {log_path}); working in this process")
+    return None
+
+
+def stop_daemon(cfg: Config, timeout: float = 60.0) -> dict | None:
+    """Ask the running daemon to stop and wait until it is gone; its answer (pid, grace), or None
+    when no daemon is running."""
+    client = find_daemon(cfg)
+    if client is None:
+        return None
+    answer = client.stop()
+    socket_path = discovery.socket_for(cfg).path
+    deadline = time.monotonic() + max(timeout, answer.get("grace_seconds", 0) + 10)
+    while socket_path.exists() and time.monotonic() < deadline:  # removed as the daemon's last act
+        time.sleep(0.05)
+    if socket_path.exists():
+        raise Unavailable(f"the zenedge daemon (pid {answer['pid']}) is still shutting down",
+                          hint="it finishes the requests in flight first; try again in a moment")
+    return answer
 
 
 def pull_through_daemon(client: DaemonClient, reference: str, progress=None) -> dict:

@@ -31,10 +31,10 @@ def search(text: str, json_out: bool) -> None:
 @json_option
 def pull(reference: str, json_out: bool) -> None:
     """Download a profile (NAME or NAME:VERSION) into the pool, verified and resumable."""
-    from zenedge.cli.daemon import find_daemon
+    from zenedge.cli.daemon import find_or_start_daemon
 
     cfg = load_config()
-    daemon = find_daemon(cfg)
+    daemon = find_or_start_daemon(cfg, say=lambda line: click.echo(line, err=True))
     if daemon is not None:  # the daemon's resident base gates a merge: no second load here
         from zenedge.cli.daemon import pull_through_daemon
 

@@ -24,16 +24,16 @@ from zenedge.cli.output import json_option, print_json
 def run(name: str, prompt: str, max_tokens: int, temperature: float, top_p: float, seed: int | None,
         stop: tuple[str, ...], system: str | None, raw: bool, json_out: bool) -> None:
     """Generate with a profile (or a base) and stream the answer."""
-    from zenedge.cli.daemon import find_daemon, run_through_daemon
+    from zenedge.cli.daemon import find_or_start_daemon, run_through_daemon
 
-    daemon = find_daemon()
+    cfg = load_config()
+    daemon = find_or_start_daemon(cfg, say=lambda line: click.echo(line, err=True))
     if daemon is not None:  # the daemon has the model loaded: no start-up cost here
         return run_through_daemon(daemon, name, prompt, raw=raw, system=system, max_tokens=max_tokens,
                                   temperature=temperature, top_p=top_p, seed=seed, stop=stop, json_out=json_out)
     from zenedge.runtime.engine import Engine, Prompt
     from zenedge.runtime.generate import SamplingParams
 
-    cfg = load_config()
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             stop=tuple(stop))
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]

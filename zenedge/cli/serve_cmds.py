@@ -1,4 +1,4 @@
-"""`zenedge serve` (the daemon) and `zenedge ps` (what it holds in memory)."""
+"""`zenedge serve` (the daemon), `zenedge stop` and `zenedge ps` (what it holds in memory)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,13 @@ from zenedge.sizes import format_size
               help="Seconds in-flight requests get to finish on SIGTERM/SIGINT.")
 @click.option("--config-poll", type=float, default=2.0, show_default=True,
               help="Seconds between checks of the config file for edits (0: reload on SIGHUP only).")
+@click.option("--idle-exit", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
+              help="Exit after this many seconds without a request (0: never). `pull` and `run` start "
+                   "daemons with server.keep_alive here.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 def serve(socket_path: str | None, tcp: str | None, allow_remote: bool, grace: float, config_poll: float,
-          log_level: str) -> None:
+          idle_exit: float, log_level: str) -> None:
     """Run the daemon: OpenAI-compatible /v1 and native /api over a Unix socket (and optional TCP)."""
     import logging
 
@@ -29,13 +32,26 @@ def serve(socket_path: str | None, tcp: str | None, allow_remote: bool, grace: f
 
     cfg = load_config()
     settings = settings_mod.resolve(cfg, socket=socket_path, tcp=tcp, allow_remote=allow_remote,
-                                    grace_seconds=grace, config_poll_seconds=config_poll)
+                                    grace_seconds=grace, config_poll_seconds=config_poll,
+                                    idle_exit_seconds=idle_exit)
     # Claim the home before paying for torch and FastAPI: a second daemon is refused in milliseconds.
     claim = instance.claim(settings.home, settings.socket)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from zenedge.server.daemon import Daemon
 
     Daemon(settings, cfg).run(claim)
+
+
+@click.command("stop")
+@json_option
+def stop(json_out: bool) -> None:
+    """Stop the running daemon (its requests in flight get the grace period to finish)."""
+    from zenedge.cli.daemon import stop_daemon
+
+    answer = stop_daemon(load_config())
+    if json_out:
+        return print_json({"stopped": answer is not None, "pid": answer["pid"] if answer else None})
+    click.echo(f"stopped the zenedge daemon (pid {answer['pid']})" if answer else "no zenedge daemon is running")
 
 
 @click.command("ps")

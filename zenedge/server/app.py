@@ -9,6 +9,7 @@ from zenedge.api import wire
 from zenedge.runtime.embed import Embedder
 from zenedge.server import errors, native_routes, ollama_routes, openai_routes
 from zenedge.server.background import Background
+from zenedge.server.idle import CountRequests
 from zenedge.server.security import BodyLimit, LocalOnly, TokenAuth
 from zenedge.server.state import DaemonState
 
@@ -37,4 +38,5 @@ def create_app(state: DaemonState, background: Background) -> FastAPI:
         host = settings.tcp[0]
         extra_hosts = [f"[{host}]" if ":" in host else host]
     app.add_middleware(LocalOnly, origins=lambda: state.cfg.server.cors_origins, extra_hosts=extra_hosts)
+    app.add_middleware(CountRequests, activity=state.activity)  # outermost: a refused request is activity too
     return app

@@ -25,6 +25,7 @@ from zenedge.api import discovery
 from zenedge.config import Config
 from zenedge.runtime.engine import Engine
 from zenedge.server import instance, listeners
+from zenedge.server.idle import exit_when_idle
 from zenedge.server.app import create_app
 from zenedge.server.background import Background
 from zenedge.server.scheduler import Scheduler
@@ -100,7 +101,7 @@ class Daemon:
         store = Store(settings.home)
         engine = Engine(store, self.cfg, progress=lambda message: log.info("base: %s", message))
         scheduler = Scheduler(engine, max_queue=self.cfg.server.max_queue, max_batch=settings.max_batch)
-        self.state = state = DaemonState(settings, self.cfg, store, engine, scheduler)
+        self.state = state = DaemonState(settings, self.cfg, store, engine, scheduler, stop=self._begin_exit)
         background = Background(state)
         app = create_app(state, background)
         unix = listeners.bind_unix(settings.socket, private_dir=settings.socket_is_default)
@@ -125,11 +126,16 @@ class Daemon:
         scheduler.start()
         upkeep = asyncio.create_task(background.run())
         watcher = asyncio.create_task(self._announce_when_started(server, unix.path))
+        idle = None
+        if settings.idle_exit_seconds > 0:
+            idle = asyncio.create_task(exit_when_idle(state.activity, settings.idle_exit_seconds,
+                                                      lambda: background.running, self._begin_exit))
         try:
             await server.serve(sockets=sockets)
         finally:
-            upkeep.cancel()
-            watcher.cancel()
+            for task in (upkeep, watcher, idle):
+                if task is not None:
+                    task.cancel()
             await asyncio.to_thread(scheduler.stop, settings.grace_seconds)
             unix.remove()
             self._remove_info()

@@ -97,6 +97,9 @@ def _clear_socket(socket_path: Path, home: Path) -> list[str]:
         info = socket_path.lstat()
     except FileNotFoundError:
         return []
+    except OSError as exc:  # e.g. a file where its directory should be
+        raise Unavailable(f"cannot use {socket_path} as the daemon's socket: {exc.strerror}",
+                          hint="set server.socket to a path in a directory you own") from None
     if not stat.S_ISSOCK(info.st_mode):
         raise Unavailable(f"{socket_path} exists and is not a socket; refusing to replace it",
                           hint="remove it or set server.socket to another path")

@@ -1,4 +1,4 @@
-"""Native endpoints: /health and /api/{pull,list,ps,rm,budget,pool}.
+"""Native endpoints: /health and /api/{pull,list,ps,rm,budget,pool,stop}.
 
 Pool changes go through the same functions the CLI uses (Store, zenedge.pool, registry.pull),
 in a thread, and are followed by `sync_cache` so a removed or merged-away variant leaves memory too.
@@ -12,6 +12,7 @@ field) rather than `name` gets its errors in Ollama's shape too.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import psutil
@@ -35,6 +36,13 @@ def router(state: DaemonState, background: Background) -> APIRouter:
     @api.get("/health", response_model=wire.Health)
     async def health() -> dict:
         return state.health()  # no I/O: a liveness probe must stay cheap
+
+    @api.post("/api/stop", response_model=wire.Stopping)
+    async def stop() -> dict:
+        # After this reply is on its way: the shutdown stops accepting, then lets it (and every
+        # other request in flight) finish within the grace period.
+        asyncio.get_running_loop().call_soon(state.stop)
+        return {"status": "stopping", "pid": os.getpid(), "grace_seconds": state.settings.grace_seconds}
 
     @api.get("/api/list", response_model=wire.PoolList)
     async def list_() -> dict:

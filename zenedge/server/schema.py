@@ -27,7 +27,7 @@ def openapi() -> dict[str, Any]:
     settings = Settings(home=Path("."), config_path=Path("config.toml"), socket=Path("zenedge.sock"),
                         socket_is_default=True)
     # Routes only touch the state when they serve a request; building the schema needs none.
-    app = create_app(SimpleNamespace(settings=settings, cfg=None, engine=None), background=None)
+    app = create_app(SimpleNamespace(settings=settings, cfg=None, engine=None, activity=None), background=None)
     schema = app.openapi()
     _, extra = models_json_schema([(model, "serialization") for model in wire.STREAMED],
                                   ref_template="#/components/schemas/{model}")

@@ -36,6 +36,7 @@ class Settings:
     max_batch: int = 8
     max_body_bytes: int = 1 << 20
     config_poll_seconds: float = 2.0
+    idle_exit_seconds: float = 0.0           # exit after this long without a request (0: never)
 
 
 def parse_tcp(value: str) -> tuple[str, int]:
@@ -83,7 +84,7 @@ def load_or_create_token(home: Path) -> tuple[str, str]:
 
 
 def resolve(cfg: Config, *, socket: str | None = None, tcp: str | None = None, allow_remote: bool = False,
-            grace_seconds: float = 10.0, config_poll_seconds: float = 2.0) -> Settings:
+            grace_seconds: float = 10.0, config_poll_seconds: float = 2.0, idle_exit_seconds: float = 0.0) -> Settings:
     home = paths.home()
     configured = socket if socket is not None else cfg.server.socket
     choice = discovery.choose_socket(configured, paths.runtime_dir(), home)
@@ -97,4 +98,4 @@ def resolve(cfg: Config, *, socket: str | None = None, tcp: str | None = None, a
                     socket_is_default=not configured or choice.note is not None,
                     notes=(choice.note,) if choice.note else (), tcp=address, allow_remote=allow_remote,
                     token=token, token_source=source, grace_seconds=grace_seconds,
-                    config_poll_seconds=config_poll_seconds)
+                    config_poll_seconds=config_poll_seconds, idle_exit_seconds=idle_exit_seconds)

@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from zenedge import __version__
 from zenedge.api import discovery
@@ -17,6 +18,7 @@ from zenedge.errors import AdapterNotFound, BudgetExceeded, InvalidName
 from zenedge.pool.budget import enforce_budget
 from zenedge.runtime.engine import Engine
 from zenedge.runtime.router import Route
+from zenedge.server.idle import Activity
 from zenedge.server.scheduler import Scheduler
 from zenedge.server.settings import Settings
 from zenedge.store import Store
@@ -32,6 +34,8 @@ class DaemonState:
     engine: Engine
     scheduler: Scheduler
     started_at: float = field(default_factory=time.monotonic)
+    activity: Activity = field(default_factory=Activity)   # requests in flight, for the idle exit
+    stop: Callable[[], None] = lambda: None                # begin a graceful shutdown (POST /api/stop)
 
     @property
     def uptime(self) -> float:

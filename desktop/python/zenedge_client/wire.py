@@ -713,6 +713,16 @@ class SchedulerStats(_SchedulerStatsRequired, total=False):
     pass
 
 
+class _StoppingRequired(TypedDict):
+    status: Literal['stopping']
+    pid: int
+    grace_seconds: float
+
+
+class Stopping(_StoppingRequired, total=False):
+    pass
+
+
 class _StreamOptionsRequired(TypedDict):
     pass
 
