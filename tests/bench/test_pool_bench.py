@@ -29,3 +29,14 @@ def test_rows_carry_the_pool_phases_and_the_table_reports_the_scenario():
     assert "| jsonx | 12.0 | 9.4 | merged with csvx | 2.5 | 1.4 | 5.0 | 1 | 16 |" in text
     assert "| writer | 30.0 |" in text and "32, 48" in text
     assert "median wall time of a pull that merged: 21.0 s" in text and "62 s" in text
+
+
+def test_the_table_says_who_did_the_pools_work():
+    rows = [_row("arith", 20.0, pull_result("stored", [("commit", 0.01)]), first_use=True)]
+    base = {"pulls": rows, "total_seconds": 20.0, "pulls_after_setup_seconds": 0.0, "process_seconds": 0.3,
+            "merged_median_seconds": None, "budget_bytes": 1000, "threads": 1}
+    assert "started a background daemon" in table({**base, "mode": "cli", "daemon": False})
+    assert "in its own process" in table({**base, "mode": "local", "daemon": False})
+    assert "in its own process" in table(base)  # JSONs from before the modes: every pull was local
+    served = table({**base, "mode": "daemon", "daemon": True, "daemon_start_seconds": 2.5})
+    assert "through a running `zenedge serve` (ready 2.5 s" in served and "own process" not in served

@@ -155,17 +155,19 @@ def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int
 @click.option("--threads", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="OMP_NUM_THREADS for every zenedge process (torch's thread count).")
 @click.option("--first", default="arith", show_default=True, help="The profile pulled first, before the budget is set.")
-@click.option("--daemon", is_flag=True, help="Run `zenedge serve` in the home: pulls after the first go through it.")
+@click.option("--mode", type=click.Choice(["cli", "local", "daemon"]), default="cli", show_default=True,
+              help="cli: the first pull starts a background daemon, as for a user; local: every pull in its own "
+                   "process (ZENEDGE_KEEP_ALIVE=0); daemon: a `zenedge serve` runs from the start, timed apart.")
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the result as JSON here.")
 @json_option
-def pool(threads: int, first: str, daemon: bool, out: Path | None, json_out: bool) -> None:
+def pool(threads: int, first: str, mode: str, out: Path | None, json_out: bool) -> None:
     """The pool at interactive speed: a fresh home, the budget set to ~3.5 profiles, then `zenedge pull`
-    of every LoRA profile of the registry, each a fresh process: wall time per pull and what it did."""
+    of every LoRA profile of the registry, each a fresh CLI process: wall time per pull and what it did."""
     import json
 
     from zenedge.bench import pool as pool_bench
 
-    result = pool_bench.run(threads=threads, first=first, daemon=daemon, log=_progress)
+    result = pool_bench.run(threads=threads, first=first, mode=mode, log=_progress)
     if out is not None:
         out.write_text(json.dumps(result, indent=2))
     if json_out:
