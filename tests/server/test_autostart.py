@@ -129,3 +129,13 @@ def test_pull_starts_one_too_and_reports_the_same_result(tmp_path, tiny_base_dir
         run_cli("stop", env=env)
         if info is not None:
             wait_gone(info["pid"])
+
+
+def test_run_in_a_home_without_a_base_starts_no_daemon(tmp_path):
+    """The first `run` of a fresh home would convert the default base: it does that here, with its
+    progress on the terminal, rather than silently in a daemon (here it stops earlier: no such profile)."""
+    env = {"ZENEDGE_HOME": str(tmp_path / "home"), "ZENEDGE_CONFIG": str(tmp_path / "config.toml"),
+           "ZENEDGE_KEEP_ALIVE": "120"}
+    done = run_cli("run", "p0", "hi", env=env)
+    assert done.returncode == 1 and done.stderr.startswith("error: 'p0' is not in the pool")
+    assert "daemon" not in done.stderr and discovery.read_info(tmp_path / "home") is None

@@ -59,12 +59,12 @@ def keep_alive(cfg: Config) -> float:
     return cfg.server.keep_alive if override is None else override
 
 
-def find_or_start_daemon(cfg: Config, say: Callable[[str], None]) -> DaemonClient | None:
-    """The running daemon, else one started now (when keep_alive > 0); None where neither: the
-    command then works in this process, as it did before daemons existed."""
+def find_or_start_daemon(cfg: Config, say: Callable[[str], None], start: bool = True) -> DaemonClient | None:
+    """The running daemon, else one started now (when `start` and keep_alive > 0); None where
+    neither: the command then works in this process, as it did before daemons existed."""
     client = find_daemon(cfg)
     seconds = keep_alive(cfg)
-    if client is not None or seconds <= 0:
+    if client is not None or seconds <= 0 or not start:
         return client
     return start_daemon(cfg, seconds, say)
 
