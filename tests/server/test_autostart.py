@@ -55,7 +55,7 @@ def test_run_starts_a_daemon_that_serves_the_next_commands_until_stopped(tmp_pat
     finally:
         if info is not None and alive(info["pid"]):
             os.kill(info["pid"], signal.SIGKILL)
-    assert (home / "logs" / "daemon.log").read_text().count("daemon (pid") == 1
+    assert (home / "logs" / "daemon.log").read_text().count(") serving") == 1
 
 
 def test_a_daemon_that_cannot_start_leaves_the_work_to_the_command(tmp_path, tiny_base_dir):
@@ -139,3 +139,29 @@ def test_run_in_a_home_without_a_base_starts_no_daemon(tmp_path):
     done = run_cli("run", "p0", "hi", env=env)
     assert done.returncode == 1 and done.stderr.startswith("error: 'p0' is not in the pool")
     assert "daemon" not in done.stderr and discovery.read_info(tmp_path / "home") is None
+
+
+def test_two_commands_starting_at_once_share_one_daemon(tmp_path, tiny_base_dir):
+    import subprocess
+    import sys
+
+    home, config_path = make_home(tmp_path, tiny_base_dir)
+    env = {**os.environ, "ZENEDGE_HOME": str(home), "ZENEDGE_CONFIG": str(config_path), "XDG_RUNTIME_DIR": "",
+           "ZENEDGE_KEEP_ALIVE": "120", "OMP_NUM_THREADS": "1"}
+    commands = [subprocess.Popen([sys.executable, "-m", "zenedge.cli", "run", name, "hi", "--max-tokens", "3", "--json"],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for name in ("p0", "p1")]
+    outputs = [command.communicate(timeout=300) for command in commands]
+    info = discovery.read_info(home)
+    try:
+        assert [command.returncode for command in commands] == [0, 0], outputs
+        assert info is not None and alive(info["pid"])
+        with httpx.Client(transport=httpx.HTTPTransport(uds=info["socket"]), base_url="http://localhost") as http:
+            assert http.get("/api/ps").json()["scheduler"]["completed"] == 2  # both went through the one daemon
+        # Both may have started one; a second is refused by the home's lock and exits.
+        log = (home / "logs" / "daemon.log").read_text()
+        assert log.count(f"daemon (pid {info['pid']}) serving") == 1 and log.count(") serving") == 1
+    finally:
+        run_cli("stop", env=env)
+        if info is not None:
+            wait_gone(info["pid"])
