@@ -94,3 +94,34 @@ def test_anchors_of_an_older_eval_set_are_left_out_of_the_manifest(store, tmp_pa
     build_registry(registry_dir)
     assert "anchors" not in json.loads((registry_dir / "writer" / "manifest.json").read_text())["eval"]
     assert "anchors" in json.loads((registry_dir / "coder" / "manifest.json").read_text())["eval"]
+
+
+def test_a_claim_is_checked_once_per_adapter_and_never_taken_for_another(store, tmp_path, registry_dir):
+    """The check is remembered per resident model (a daemon's later pulls skip it), keyed by the
+    adapter's content: another adapter carrying the same claimed numbers is checked again."""
+    from zenedge.adapters.lora_tensors import read_lora_factors
+    from zenedge.pool.gate import Member, QualityGate, claimed_quality
+    from zenedge.pool.phases import Phases
+    from zenedge.runtime.engine import Engine
+    from zenedge.runtime.variants import lora_variant
+
+    cfg = published(store, tmp_path, registry_dir)
+    resident = Engine(store, cfg).resident("tiny")
+    manifest = json.loads((registry_dir / "writer" / "manifest.json").read_text())
+    quality = claimed_quality(manifest["eval"]["anchors"])
+
+    def member(adapter_of: str, key: str) -> Member:
+        adapter = registry_dir / adapter_of / "adapter"
+        factors = read_lora_factors(adapter / "adapter_model.safetensors",
+                                    json.loads((adapter / "adapter_config.json").read_text()))
+        return Member("writer", registry_dir / "writer" / "eval.jsonl", quality,
+                      lora_variant(key, factors, resident), original=True)
+
+    def checks(members) -> list[int]:
+        phases = Phases()
+        QualityGate(resident)._check_claims(members, phases)  # a new gate each time, as each pull makes one
+        return [p["rows"] for p in phases.profile()["phases"] if p["phase"] == "anchors"]
+
+    assert checks([member("writer", "incoming-aaaa")]) == [2 * VERIFY_EXAMPLES]
+    assert checks([member("writer", "incoming-aaaa")]) == []                     # remembered
+    assert checks([member("coder", "incoming-bbbb")]) == [2 * VERIFY_EXAMPLES]   # another adapter: checked

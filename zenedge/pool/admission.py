@@ -15,7 +15,7 @@ from typing import Any
 
 from zenedge.adapters.peft_lora import read_lora_dir
 from zenedge.adapters.targets import is_servable
-from zenedge.bases import DEFAULT_BASE, ensure_base, find_base, identities
+from zenedge.bases import DEFAULT_BASE, ensure_base, file_sha256, find_base, identities
 from zenedge.config import Config
 from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter, InvalidInput
 from zenedge.names import check_name
@@ -298,14 +298,15 @@ def _incoming(adapter: NewAdapter, entry: NewName):
     """The newcomer as the merger sees it: its LoRA factors, or its .bitdelta file."""
     from zenedge.pool.merger import Incoming
 
+    key = f"incoming-{file_sha256(adapter.weights)[:16]}"
     if adapter.kind == "bitdelta":
-        return Incoming(entry.name, None, entry.eval_path, dict(entry.quality), delta_path=adapter.weights)
+        return Incoming(entry.name, None, entry.eval_path, dict(entry.quality), delta_path=adapter.weights, key=key)
     import torch
 
     from zenedge.adapters.lora_tensors import read_lora_factors
 
     factors = read_lora_factors(adapter.weights, adapter.config, dtype=torch.float32)
-    return Incoming(entry.name, factors, entry.eval_path, dict(entry.quality))
+    return Incoming(entry.name, factors, entry.eval_path, dict(entry.quality), key=key)
 
 
 def _has_room(store: Store, cfg: Config, adapter: NewAdapter) -> bool:

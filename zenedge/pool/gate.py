@@ -382,7 +382,9 @@ class QualityGate:
 
     def _claim(self, member: Member) -> tuple | None:
         """What identifies a registry's claimed anchors for `member` (its eval set's order, the adapter
-        serving it, the claimed numbers re-measured), or None when it has no claim to check."""
+        serving it, the claimed numbers re-measured), or None when it has no claim to check. The
+        adapter is its variant's key: the pool keys variants by content (a stored adapter's id, a
+        newcomer's file hash), so a claim checked for one adapter is never taken for another's."""
         per_example = (member.quality or {}).get("per_example")
         if not (member.original and member.eval_path is not None and per_example and member.quality.get("claimed")):
             return None

@@ -44,6 +44,7 @@ class Incoming:
     eval_path: Path | None
     quality: dict[str, Any] = field(default_factory=dict)
     delta_path: Path | None = None  # a .bitdelta file (then factors is None)
+    key: str = "incoming"           # its variant's key; the content's hash where known (the gate's memo keys on it)
 
 
 @dataclass
@@ -157,7 +158,7 @@ class PoolMerger:
         attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.pool.quality_threshold, state,
                           dtype=dtype, candidate=candidate)
         members = self._members(candidate, self.variant(candidate["id"], stored), incoming,
-                                self.variant("incoming", incoming.factors))
+                                self.variant(incoming.key, incoming.factors))
         attempt.gated = members, self.variant("candidate-merge", round_to(state.merged, dtype))
         return self._gate(attempt, incoming)
 
@@ -194,7 +195,7 @@ class PoolMerger:
                           merged_path=out)
         device = self.resident.device
         members = self._members(candidate, load_variant(candidate["id"], stored, device), incoming,
-                                load_variant("incoming", incoming.delta_path, device))
+                                load_variant(incoming.key, incoming.delta_path, device))
         attempt.gated = members, load_variant("candidate-merge", out, device)
         return self._gate(attempt, incoming)
 
