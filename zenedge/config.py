@@ -137,7 +137,7 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = setting(_strings, ["tauri://localhost", "http://tauri.localhost",
                                                        "https://tauri.localhost"], "origins allowed by CORS")
     max_queue: int = setting(_int_at_least(1), 64, "queued generation requests before 503")
-    keep_alive: float = setting(_seconds, 300, "seconds a daemon that `pull` or `run` started on their own "
+    keep_alive: float = setting(_seconds, 300, "seconds a daemon that `pull`, `import` or `run` started "
                                                "stays up with nothing to do (0: they never start one)")
 
 

@@ -206,6 +206,19 @@ export interface Health {
   home_id: string;
 }
 
+/** `zenedge import` through the daemon: files on this machine, read by the daemon (Unix socket only). */
+export interface ImportRequest {
+  /** absolute path of a PEFT LoRA directory or a .bitdelta file */
+  path: string;
+  name: string;
+  /** base model name (default: the default base) */
+  base?: string | null;
+  /** absolute path of an eval set (JSONL) */
+  eval?: string | null;
+  /** stream progress as NDJSON (PullProgress lines); false: one JSON result */
+  stream?: boolean;
+}
+
 /** What `zenedge.pool.maintain.maintain` reported (its fields belong to it). */
 export interface MaintainResult {
   [key: string]: unknown;

@@ -126,3 +126,29 @@ def test_wire_errors_become_the_same_zenedge_errors():
         is BudgetExceeded
     odd = api_client.error_from_wire(502, "<html>bad gateway</html>")
     assert type(odd) is ZenedgeError and "502" in str(odd)
+
+
+def test_import_goes_through_the_daemon_and_only_over_its_socket(fresh_daemon, tmp_path, tiny_base_dir):
+    import os
+
+    from tests.conftest import tiny_module_shapes, write_lora_dir
+
+    daemon = fresh_daemon()
+    lora = write_lora_dir(tmp_path / "lora-new", tiny_module_shapes(tiny_base_dir), seed=42, scale=0.3)
+    with daemon.tcp() as http:  # it reads files on the daemon's machine: not over TCP, token or not
+        refused = http.post("/api/import", json={"path": str(lora), "name": "newp"})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    with daemon.uds() as http:
+        relative = http.post("/api/import", json={"path": "lora-new", "name": "newp"})
+        assert relative.status_code == 400 and "absolute path" in relative.json()["error"]["message"]
+        before = http.get("/api/ps").json()["uptime_seconds"]
+    # A relative path on the command line is this process's: the CLI resolves it before asking.
+    result = json.loads(run_cli("import", os.path.relpath(lora), "--name", "newp", "--base", "tiny", "--json",
+                                env=daemon.env(), check=True).stdout)
+    assert result["name"] == "newp" and result["kind"] == "lora"
+    with daemon.uds() as http:
+        names = [m["name"] for m in http.get("/api/list").json()["models"]]
+        assert "newp" in names and http.get("/api/ps").json()["uptime_seconds"] > before  # the same daemon
+    missing = run_cli("import", str(tmp_path / "nowhere"), "--name", "other", "--base", "tiny", env=daemon.env())
+    local = run_cli("import", str(tmp_path / "nowhere"), "--name", "other", "--base", "tiny")  # no daemon there
+    assert (missing.returncode, missing.stderr) == (local.returncode, local.stderr) and missing.returncode == 2

@@ -191,6 +191,17 @@ class DaemonClient:
                 raise error_from_wire(200, event)
             yield event
 
+    def import_(self, path: str, name: str, base: str | None = None, eval_path: str | None = None) -> Iterator[dict]:
+        """Like `pull`: progress dicts, the last with status "success" and the result (Unix socket only)."""
+        body = {"path": path, "name": name, "base": base, "eval": eval_path, "stream": True}
+        for line in self._lines("POST", "/api/import", body):
+            if not line:
+                continue
+            event = json.loads(line)
+            if "error" in event:
+                raise error_from_wire(200, event)
+            yield event
+
     def pool(self) -> dict:
         return self._json("GET", "/api/pool")
 

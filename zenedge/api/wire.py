@@ -390,6 +390,16 @@ class PullRequest(Strict):
         return self
 
 
+class ImportRequest(Strict):
+    """`zenedge import` through the daemon: files on this machine, read by the daemon (Unix socket only)."""
+
+    path: str = Field(min_length=1, max_length=4096, description="absolute path of a PEFT LoRA directory or a .bitdelta file")
+    name: str = Field(min_length=1, max_length=256)
+    base: str | None = Field(None, max_length=256, description="base model name (default: the default base)")
+    eval: str | None = Field(None, min_length=1, max_length=4096, description="absolute path of an eval set (JSONL)")
+    stream: bool = Field(True, description="stream progress as NDJSON (PullProgress lines); false: one JSON result")
+
+
 class PullProgress(BaseModel):
     """One NDJSON line of /api/pull: progress, then a last line with status "success" (and the
     result's fields) or an `error`. Every line is also one of Ollama's: `status` is always a

@@ -1,11 +1,11 @@
-"""Finding a running daemon from the CLI, cheaply, and starting one for `pull` and `run`.
+"""Finding a running daemon from the CLI, cheaply, and starting one for `pull`, `import` and `run`.
 
 Commands that can go through the daemon (run, pull, rm, budget set, ps) call `find_daemon()`. It costs
 a stat of the socket path when no daemon runs (~5 ms of imports, well under 1 ms), and one /health
 round trip over the socket (short timeout) when one does; it imports only the stdlib client (no
 httpx, pydantic, FastAPI or torch).
 
-`pull` and `run` go further (`find_or_start_daemon`): with no daemon up they start one in the
+`pull`, `import` and `run` go further (`find_or_start_daemon`): with no daemon up they start one in the
 background that exits after `server.keep_alive` seconds with nothing to do (Ollama's keep-alive, 5
 minutes by default). A fresh process pays ~6 s of imports and base load before a merge's quality
 gate reads its first row, or a generation its first token; a daemon pays them once, and the next
@@ -117,14 +117,25 @@ def pull_through_daemon(client: DaemonClient, reference: str, progress=None) -> 
     """`zenedge pull` when a daemon is up: the same progress events and result as a local pull
     (the stream's last line is the result, marked "success"), and a merge's gate runs on the
     daemon's resident base instead of loading one in this process (~4 s of imports and weights)."""
+    return _result_of(client.pull(reference), progress)
+
+
+def import_through_daemon(client: DaemonClient, path, name: str, base: str | None, eval_path, progress=None) -> dict:
+    """`zenedge import` when a daemon is up, as `pull_through_daemon` (the daemon reads the files:
+    absolute paths, as this process resolves them)."""
+    events = client.import_(str(path.absolute()), name, base, str(eval_path.absolute()) if eval_path else None)
+    return _result_of(events, progress)
+
+
+def _result_of(events, progress) -> dict:
     result: dict = {}
-    for event in client.pull(reference):
+    for event in events:
         if event.get("status") == "success" and "adapter_id" in event:
             result = {key: value for key, value in event.items() if key != "status"}
         elif progress is not None:
             progress(event)
     if not result:
-        raise Unavailable("the zenedge daemon's pull stream ended without a result")
+        raise Unavailable("the zenedge daemon's stream ended without a result")
     return result
 
 

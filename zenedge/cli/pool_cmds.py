@@ -60,14 +60,26 @@ def list_cmd(json_out: bool) -> None:
 @json_option
 def import_cmd(path: Path, name: str, base: str | None, eval_set: Path | None, json_out: bool) -> None:
     """Import a PEFT LoRA directory, or a .bitdelta file made by `zenedge compress`."""
-    from zenedge.pool import import_bitdelta, import_lora
+    from zenedge.cli.daemon import find_or_start_daemon
 
     cfg = load_config()
-    importer = import_lora if path.is_dir() or not path.exists() else import_bitdelta
+    daemon = find_or_start_daemon(cfg, say=lambda line: click.echo(line, err=True))
+    if daemon is not None:  # the daemon's resident base gates a merge: no second load here
+        from zenedge.cli.daemon import import_through_daemon
+
+        def run(progress=None):
+            return import_through_daemon(daemon, path, name, base, eval_set, progress)
+    else:
+        from zenedge.pool import import_bitdelta, import_lora
+
+        importer = import_lora if path.is_dir() or not path.exists() else import_bitdelta
+
+        def run(progress=None):
+            return importer(open_store(), cfg, path, name, base=base, eval_path=eval_set, progress=progress)
     if json_out:
-        return print_json(importer(open_store(), cfg, path, name, base=base, eval_path=eval_set))
+        return print_json(run())
     with PoolProgress() as display:
-        result = importer(open_store(), cfg, path, name, base=base, eval_path=eval_set, progress=display.update)
+        result = run(display.update)
     echo_outcome(f"imported {result['name']} ({result['kind']}, {format_size(result['bytes'])})", result)
 
 

@@ -1,4 +1,4 @@
-"""Native endpoints: /health and /api/{pull,list,ps,rm,budget,pool,stop}.
+"""Native endpoints: /health and /api/{pull,import,list,ps,rm,budget,pool,stop}.
 
 Pool changes go through the same functions the CLI uses (Store, zenedge.pool, registry.pull),
 in a thread, and are followed by `sync_cache` so a removed or merged-away variant leaves memory too.
@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import psutil
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from zenedge.api import wire
-from zenedge.errors import ZenedgeError
+from zenedge.errors import InvalidInput, ZenedgeError
 from zenedge.server import errors, ollama_models, ollama_routes, streaming
 from zenedge.pool.budget import set_budget as set_pool_budget
 from zenedge.server.background import Background, optional
+from zenedge.server.errors import Forbidden
+from zenedge.server.security import over_unix_socket
 from zenedge.server.state import DaemonState
 
 NDJSON_DOC = {200: {"description": "with `stream: true` (the default), NDJSON lines of PullProgress",
@@ -97,11 +100,34 @@ def router(state: DaemonState, background: Background) -> APIRouter:
                 await run_in_threadpool(state.sync_cache)
                 return {**result, "status": "success"}
             error_line = ollama_routes.error_line if ollama else errors.stream_payload
-            return await _streamed_pull(state, pull_fn, name, error_line)
+            return await _streamed_job(state, lambda progress: pull_fn(state.store, state.cfg, name, progress=progress,
+                                                                       engine=state.engine), error_line)
         except ZenedgeError as exc:
             if ollama:
                 return ollama_routes.error_response(exc)
             raise
+
+    @api.post("/api/import", response_model=wire.PullResult, responses=NDJSON_DOC)
+    async def import_(body: wire.ImportRequest, request: Request):
+        if not over_unix_socket(request.scope):  # it reads files: only for this machine's user
+            raise Forbidden("/api/import reads files on the daemon's machine: use the Unix socket")
+        path, eval_path = Path(body.path), Path(body.eval) if body.eval else None
+        for given in (path, eval_path):
+            if given is not None and not given.is_absolute():
+                raise InvalidInput(f"{given}: give an absolute path (the daemon's working directory is not yours)")
+        from zenedge.pool import import_bitdelta, import_lora
+
+        importer = import_lora if path.is_dir() or not path.exists() else import_bitdelta
+
+        def job(progress=None) -> dict:
+            return importer(state.store, state.cfg, path, body.name, base=body.base, eval_path=eval_path,
+                            engine=state.engine, progress=progress)
+
+        if not body.stream:
+            result = await run_in_threadpool(job)
+            await run_in_threadpool(state.sync_cache)
+            return {**result, "status": "success"}
+        return await _streamed_job(state, job, errors.stream_payload)
 
     return api
 
@@ -125,9 +151,10 @@ def progress_line(update: dict[str, Any]) -> dict[str, Any]:
     return line
 
 
-async def _streamed_pull(state: DaemonState, pull_fn, name: str, error_line):
-    """Run the pull in a thread; its progress callbacks become NDJSON lines. An error before the
-    first progress line is an ordinary HTTP error; after it, a last `error_line(exc)` line."""
+async def _streamed_job(state: DaemonState, job: Callable[[Callable[[dict], None]], dict], error_line):
+    """Run a pull or an import (`job(progress)`) in a thread; its progress callbacks become NDJSON
+    lines. An error before the first progress line is an ordinary HTTP error; after it, a last
+    `error_line(exc)` line."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
@@ -137,15 +164,15 @@ async def _streamed_pull(state: DaemonState, pull_fn, name: str, error_line):
 
     def run() -> None:
         try:
-            # The daemon's engine: a merge's quality gate reuses the resident base instead of loading
-            # another copy (the runtime keeps each thread's batch apart).
-            result = pull_fn(state.store, state.cfg, name, progress=progress, engine=state.engine)
+            # On the daemon's engine: a merge's quality gate reuses the resident base instead of
+            # loading another copy (the runtime keeps each thread's batch apart).
+            result = job(progress)
             state.sync_cache()
             loop.call_soon_threadsafe(events.put_nowait, ("done", dict(result)))
         except BaseException as exc:
             loop.call_soon_threadsafe(events.put_nowait, ("error", exc))
 
-    loop.run_in_executor(None, run)  # keeps going if the client leaves: a pull commits whole or not at all
+    loop.run_in_executor(None, run)  # keeps going if the client leaves: it commits whole or not at all
     # Hold back "resolving" lines until the name resolves, so an unknown name is a plain 404.
     held = []
     kind, value = await events.get()

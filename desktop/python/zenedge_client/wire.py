@@ -275,6 +275,18 @@ class Health(_HealthRequired, total=False):
     pass
 
 
+class _ImportRequestRequired(TypedDict):
+    """`zenedge import` through the daemon: files on this machine, read by the daemon (Unix socket only)."""
+    path: str
+    name: str
+
+
+class ImportRequest(_ImportRequestRequired, total=False):
+    base: Union[str, None]
+    eval: Union[str, None]
+    stream: bool
+
+
 class _MaintainResultRequired(TypedDict):
     """What `zenedge.pool.maintain.maintain` reported (its fields belong to it)."""
 
