@@ -181,9 +181,9 @@ class DaemonClient:
     def set_budget(self, size: str, dry_run: bool = False) -> dict:
         return self._json("PUT", "/api/budget", {"size": size, "dry_run": dry_run})
 
-    def pull(self, name: str) -> Iterator[dict]:
-        """Progress dicts; the last has status "success" and the result. An error line raises."""
-        for line in self._lines("POST", "/api/pull", {"name": name, "stream": True}):
+    def _progress(self, path: str, body: Any) -> Iterator[dict]:
+        """An NDJSON job's progress dicts; the last has status "success" and the result. An error line raises."""
+        for line in self._lines("POST", path, body):
             if not line:
                 continue
             event = json.loads(line)
@@ -191,16 +191,12 @@ class DaemonClient:
                 raise error_from_wire(200, event)
             yield event
 
+    def pull(self, name: str) -> Iterator[dict]:
+        return self._progress("/api/pull", {"name": name, "stream": True})
+
     def import_(self, path: str, name: str, base: str | None = None, eval_path: str | None = None) -> Iterator[dict]:
         """Like `pull`: progress dicts, the last with status "success" and the result (Unix socket only)."""
-        body = {"path": path, "name": name, "base": base, "eval": eval_path, "stream": True}
-        for line in self._lines("POST", "/api/import", body):
-            if not line:
-                continue
-            event = json.loads(line)
-            if "error" in event:
-                raise error_from_wire(200, event)
-            yield event
+        return self._progress("/api/import", {"path": path, "name": name, "base": base, "eval": eval_path, "stream": True})
 
     def pool(self) -> dict:
         return self._json("GET", "/api/pool")
