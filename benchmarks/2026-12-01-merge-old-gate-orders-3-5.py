@@ -12,7 +12,9 @@ table (1ba3b1f) as it was, from a worktree, with one change: `_rows` starts at o
 
 (a fresh home: the old code converts the base itself; ~1 h 50 min on one core beside another
 benchmark). Its S column uses that day's scorer; `2026-12-01-merge-old-decisions-rescored.py
-RESCORED.json OUT.json` replays the decisions with today's merge code and scores them today."""
+RESCORED.json OUT.json` replays the decisions with today's merge code and scores them today.
+argv[2] (optional): the slot counts, e.g. "3,4" (default "2,3,4,5"). Orders 6-8 (2026-12-02) ran
+with FIRST_ORDER=6 and "3,4", then "5"."""
 import json, sys
 
 import zenedge
@@ -20,6 +22,7 @@ import zenedge
 assert zenedge.__file__.startswith("/tmp/old-gate"), f"run from the 1ba3b1f worktree, not {zenedge.__file__}"
 from zenedge.bench import merge
 
-out = merge.run(orders=3, slot_counts=(2, 3, 4, 5), examples=16, thresholds=(0.7,), gate_examples=32,
+slots = tuple(int(k) for k in (sys.argv[2] if len(sys.argv) > 2 else "2,3,4,5").split(","))
+out = merge.run(orders=3, slot_counts=slots, examples=16, thresholds=(0.7,), gate_examples=32,
                 methods=("zenedge",), log=lambda m: print(m, flush=True))
 json.dump(out, open(sys.argv[1], "w"), indent=1, default=str)
