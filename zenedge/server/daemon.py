@@ -25,9 +25,9 @@ from zenedge.api import discovery
 from zenedge.config import Config
 from zenedge.runtime.engine import Engine
 from zenedge.server import instance, listeners
-from zenedge.server.idle import exit_when_idle
 from zenedge.server.app import create_app
 from zenedge.server.background import Background
+from zenedge.server.idle import exit_when_idle
 from zenedge.server.scheduler import Scheduler
 from zenedge.server.settings import Settings
 from zenedge.server.state import DaemonState
