@@ -4,9 +4,11 @@ import json, math, statistics
 from zenedge.bench.merge import clipped_mean
 B = "benchmarks/"
 FLOOR = ["2026-12-01-merge-accuracy-floor-0.5-refusal-only.json", "2026-12-01-merge-accuracy-floor-0.5-refusal-only-orders-3-5-k34.json",
-         "2026-12-02-merge-floor-orders-6-8-k34.json", "2026-12-02-merge-floor-orders-3-5-k25.json", "2026-12-02-merge-floor-orders-6-8-k5.json"]
+         "2026-12-02-merge-floor-orders-6-8-k34.json", "2026-12-02-merge-floor-orders-3-5-k25.json", "2026-12-02-merge-floor-orders-6-8-k5.json",
+         "2026-12-02-merge-floor-orders-9-11-k5.json"]
 REF = ["2026-12-01-merge-old-decisions-rescored.json", "2026-12-01-merge-old-gate-orders-3-5-rescored.json",
-       "2026-12-02-merge-old-gate-orders-6-8-k34-rescored.json", "2026-12-02-merge-old-gate-orders-6-8-k5-rescored.json"]
+       "2026-12-02-merge-old-gate-orders-6-8-k34-rescored.json", "2026-12-02-merge-old-gate-orders-6-8-k5-rescored.json",
+       "2026-12-02-merge-old-gate-orders-9-11-k5-rescored.json"]
 def table(files):
     out = {}
     for f in files:
