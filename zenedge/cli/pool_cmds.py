@@ -70,12 +70,10 @@ def import_cmd(path: Path, name: str, base: str | None, eval_set: Path | None, j
         def run(progress=None):
             return import_through_daemon(daemon, path, name, base, eval_set, progress)
     else:
-        from zenedge.pool import import_bitdelta, import_lora
-
-        importer = import_lora if path.is_dir() or not path.exists() else import_bitdelta
+        from zenedge.pool import import_path
 
         def run(progress=None):
-            return importer(open_store(), cfg, path, name, base=base, eval_path=eval_set, progress=progress)
+            return import_path(open_store(), cfg, path, name, base=base, eval_path=eval_set, progress=progress)
     if json_out:
         return print_json(run())
     with PoolProgress() as display:

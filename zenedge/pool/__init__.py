@@ -19,10 +19,10 @@ search and budget commands start fast): the merger and the gate, which need torc
 when a merge is tried.
 """
 
-from zenedge.pool.admission import check_admission, import_bitdelta, import_lora, store_adapter
+from zenedge.pool.admission import check_admission, import_bitdelta, import_lora, import_path, store_adapter
 from zenedge.pool.budget import EvictionPlan, enforce_budget, plan_budget, set_budget
 from zenedge.pool.compress import compress_finetune
 from zenedge.pool.manual import manual_merge
 
 __all__ = ["EvictionPlan", "check_admission", "compress_finetune", "enforce_budget", "import_bitdelta", "import_lora",
-           "manual_merge", "plan_budget", "set_budget", "store_adapter"]
+           "import_path", "manual_merge", "plan_budget", "set_budget", "store_adapter"]

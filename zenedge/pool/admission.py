@@ -109,6 +109,13 @@ def _claimed(anchors: dict[str, Any] | None, eval_path: Path | None) -> dict[str
     return claimed_quality(anchors) if anchors and eval_path else {}
 
 
+def import_path(store: Store, cfg: Config, path: Path, name: str, **options: Any) -> dict[str, Any]:
+    """`zenedge import PATH`: a directory (or nothing there: the LoRA importer says so) is a PEFT
+    LoRA, a file a .bitdelta; `options` go to that importer."""
+    importer = import_lora if path.is_dir() or not path.exists() else import_bitdelta
+    return importer(store, cfg, path, name, **options)
+
+
 def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                     eval_path: Path | None = None, version: str = "", description: str = "",
                     origin: dict[str, Any] | None = None, engine=None,

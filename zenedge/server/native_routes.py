@@ -115,13 +115,11 @@ def router(state: DaemonState, background: Background) -> APIRouter:
         for given in (path, eval_path):
             if given is not None and not given.is_absolute():
                 raise InvalidInput(f"{given}: give an absolute path (the daemon's working directory is not yours)")
-        from zenedge.pool import import_bitdelta, import_lora
-
-        importer = import_lora if path.is_dir() or not path.exists() else import_bitdelta
+        from zenedge.pool import import_path
 
         def job(progress=None) -> dict:
-            return importer(state.store, state.cfg, path, body.name, base=body.base, eval_path=eval_path,
-                            engine=state.engine, progress=progress)
+            return import_path(state.store, state.cfg, path, body.name, base=body.base, eval_path=eval_path,
+                               engine=state.engine, progress=progress)
 
         if not body.stream:
             result = await run_in_threadpool(job)
