@@ -66,6 +66,12 @@ def _merge_rank(v: Any) -> str | int:
     raise InvalidInput(f'expected "member" or an integer ≥ 1, got {v!r}')
 
 
+def _threads(v: Any) -> str | int:
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024):
+        return v
+    raise InvalidInput(f'expected "auto" or a thread count from 1 to 1024, got {v!r}')
+
+
 def _choice(*options: str) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         if v not in options:
@@ -127,6 +133,8 @@ class RuntimeSettings:
     weights: str = setting(_choice("auto", "full", "int8", "int4"), "auto",
                            'CPU matmul weights: "full" or weight-only "int8" / "int4" copies')
     cache_budget: int = setting(_size, "2GiB", "memory for cached variants")
+    threads: str | int = setting(_threads, "auto", 'CPU threads for torch: "auto" (one per core other work leaves '
+                                                  'free; decode steps on the C kernels: one) or a fixed count')
     pinned: tuple[str, ...] = setting(_strings, [], "profile names never evicted from the pool or the cache")
 
 

@@ -6,6 +6,8 @@ ZENEDGE_TOKEN   bearer token for the TCP listener  default: a generated 0600 fil
 ZENEDGE_NATIVE_KERNELS  0 turns off the C kernels for the CPU (kernels/native/)  default: on
 ZENEDGE_LLAMA_BENCH     a built llama.cpp `llama-bench`, a peer row in `zenedge bench run`  default: none
 ZENEDGE_KEEP_ALIVE      seconds; overrides the config's server.keep_alive (0: the CLI never starts a daemon)
+ZENEDGE_THREADS         "auto" or N; overrides the config's runtime.threads (runtime/threads.py)
+OMP_NUM_THREADS         read, not set: a cap on what "auto" threads may use (as torch takes it)
 """
 
 from __future__ import annotations
@@ -95,3 +97,23 @@ def keep_alive_from_env() -> float | None:
 
         raise InvalidInput(f"ZENEDGE_KEEP_ALIVE={value!r} is not a number of seconds >= 0")
     return seconds
+
+
+def threads_from_env() -> int | str | None:
+    """ZENEDGE_THREADS as "auto" or a count ≥ 1, or None when unset (runtime.threads holds)."""
+    value = os.environ.get("ZENEDGE_THREADS", "").strip().lower()
+    if not value:
+        return None
+    if value == "auto":
+        return value
+    if not value.isdigit() or not 1 <= int(value) <= 1024:
+        from zenedge.errors import InvalidInput
+
+        raise InvalidInput(f"ZENEDGE_THREADS={value!r} is neither \"auto\" nor a thread count from 1 to 1024")
+    return int(value)
+
+
+def omp_threads_from_env() -> int | None:
+    """OMP_NUM_THREADS as a count, where it is set to one (OpenMP's own syntax allows lists)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) >= 1 else None

@@ -510,6 +510,8 @@ export interface Ps {
   scheduler: SchedulerStats;
   rss_bytes: number;
   uptime_seconds: number;
+  /** torch's CPU threads and why (absent from older daemons) */
+  threads?: Threads | null;
 }
 
 /** One NDJSON line of /api/pull: progress, then a last line with status "success" (and the result's fields) or an `error`. Every line is also one of Ollama's: `status` is always a string, `completed`/`total` integers when present, `digest` when the pull names one. */
@@ -588,6 +590,24 @@ export interface StreamOptions {
 export interface TextPart {
   type: "text";
   text: string;
+}
+
+/** torch's CPU threads in this daemon and why (runtime/threads.py). */
+export interface Threads {
+  /** "auto" or a fixed count */
+  setting: string | number;
+  /** where a fixed count comes from (runtime.threads or ZENEDGE_THREADS) */
+  source: string;
+  /** usable cores */
+  cores: number;
+  /** what limits them: physical cores, CPU affinity, a cgroup quota, OMP_NUM_THREADS */
+  cores_limited_by: string;
+  /** threads for prompt prefill and torch-kernel decode steps now */
+  wide: number;
+  wide_why: string;
+  /** threads for a decode step of the resident bases */
+  decode?: number | null;
+  decode_why?: string | null;
 }
 
 export interface Usage {

@@ -291,6 +291,19 @@ class ResidentBase(BaseModel):
     decode: DecodePath | None = Field(None, description="the decode path in use (absent from older daemons)")
 
 
+class Threads(BaseModel):
+    """torch's CPU threads in this daemon and why (runtime/threads.py)."""
+
+    setting: str | int = Field(description='"auto" or a fixed count')
+    source: str = Field(description="where a fixed count comes from (runtime.threads or ZENEDGE_THREADS)")
+    cores: int = Field(description="usable cores")
+    cores_limited_by: str = Field(description="what limits them: physical cores, CPU affinity, a cgroup quota, OMP_NUM_THREADS")
+    wide: int = Field(description="threads for prompt prefill and torch-kernel decode steps now")
+    wide_why: str
+    decode: int | None = Field(None, description="threads for a decode step of the resident bases")
+    decode_why: str | None = None
+
+
 class CachedVariant(BaseModel):
     key: str
     kind: str
@@ -329,6 +342,7 @@ class Ps(BaseModel):
     scheduler: SchedulerStats
     rss_bytes: int
     uptime_seconds: float
+    threads: Threads | None = Field(None, description="torch's CPU threads and why (absent from older daemons)")
 
 
 class RmRequest(Strict):

@@ -3,8 +3,8 @@
 A fresh home and config; `zenedge pull FIRST` (which also converts the default base: timed apart);
 `zenedge budget set` to about 3.5 LoRA profiles of the registry; then `zenedge pull` of every other
 LoRA profile of the registry, one after another. Every command is a fresh `zenedge` process, as a
-person typing them runs them, with OMP_NUM_THREADS set to `threads` (torch takes its thread count
-from it). Each pull's `--json` result carries what the pool did and where its time went
+person typing them runs them, with the thread policy's defaults (ZENEDGE_THREADS=`threads` where
+one is given). Each pull's `--json` result carries what the pool did and where its time went
 (phases.py); the report is wall time per pull, the median of the pulls that merged, and the whole
 scenario end to end. The mode says who does the pool's work:
 
@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from zenedge.bench import load
+
 BUDGET_PROFILES = 3.5
 
 
@@ -52,7 +54,7 @@ def _zenedge(args: list[str], env: dict[str, str]) -> tuple[float, subprocess.Co
 MODES = ("cli", "local", "daemon")
 
 
-def run(*, threads: int = 1, first: str = "arith", mode: str = "cli",
+def run(*, threads: int | None = None, first: str = "arith", mode: str = "cli",
         log: Callable[[str], None] = print) -> dict[str, Any]:
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: expected one of {MODES}")
@@ -62,7 +64,7 @@ def run(*, threads: int = 1, first: str = "arith", mode: str = "cli",
     budget = int(BUDGET_PROFILES * statistics.median(p["size"] for p in profiles))
     with tempfile.TemporaryDirectory(prefix="zenedge-bench-pool-") as tmp, contextlib.ExitStack() as stack:
         env = {**os.environ, "ZENEDGE_HOME": f"{tmp}/home", "ZENEDGE_CONFIG": f"{tmp}/config.toml",
-               "OMP_NUM_THREADS": str(threads), "XDG_RUNTIME_DIR": f"{tmp}/run",
+               "ZENEDGE_THREADS": str(threads or "auto"), "XDG_RUNTIME_DIR": f"{tmp}/run",
                "ZENEDGE_KEEP_ALIVE": "0" if mode == "local" else "300"}
         Path(env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700)
         Path(env["ZENEDGE_CONFIG"]).write_text('[runtime]\ndevice = "cpu"\n')
@@ -145,7 +147,8 @@ def table(result: dict[str, Any]) -> str:
                   f"a bare `zenedge` process: {result['process_seconds']:.1f} s",
               f"- median wall time of a pull that merged: {median:.1f} s" if median is not None
               else "- no pull merged",
-              f"- budget {result['budget_bytes']} B ({BUDGET_PROFILES} profiles), OMP_NUM_THREADS={result['threads']}"]
+              f"- budget {result['budget_bytes']} B ({BUDGET_PROFILES} profiles), threads {result['threads'] or 'auto'}"
+              f", background load: {load.describe(result.get('background_load', 0))}"]
     if result.get("mode") == "cli":
         lines.append("- the first pull started a background daemon (server.keep_alive); the later pulls went "
                      "through it (its start-up is in the first pull's wall time)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from zenedge.bench import load
+
 # DESIGN.md "Targets", the CPU rows this benchmark measures (bandwidth and llama.cpp: issue [N]).
 SPEEDUP_VS_TRANSFORMERS = 3.0
 BANDWIDTH_FRACTION = 0.60
@@ -67,11 +69,18 @@ def _fmt(value: float | None, kind: str) -> str:
     return f"{value:.3g}"
 
 
+def _threads(report) -> str:
+    if isinstance(report, int):     # results recorded before the thread policy
+        return f"{report} thread(s)"
+    return f"threads {report['setting']} (prefill {report['wide']}, decode {report.get('decode', report['wide'])})"
+
+
 def markdown(result: dict) -> str:
     """The table BENCHMARKS.md records: rows, loads and switches, targets."""
     m = result["machine"]
     lines = [
-        f"Run {result['date']} on {m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['threads']} thread(s); "
+        f"Run {result['date']} on {m['cpu']}, {m['cores']} cores, torch {m['torch']}, {_threads(m['threads'])}; "
+        f"background load: {load.describe(result.get('background_load', 0))}; "
         f"load average at start {m['load_average_at_start']}. Base: {result['base_dir']} ({result['base_source']}). "
         f"{result['tokens']} new tokens, greedy, batch rows as listed; medians of {result['repeats']} interleaved rounds. "
         f"Copy bandwidth (read+write) {result['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s.",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from zenedge.bench import bandwidth
+from zenedge.runtime import threads
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}]
 
@@ -173,8 +174,8 @@ def machine() -> dict:
     except OSError:
         pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "load_average_at_start": [round(x, 2) for x in load], "python": platform.python_version()}
+    return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__,
+            "threads": threads.policy().report(single_step=True), "load_average_at_start": [round(x, 2) for x in load], "python": platform.python_version()}
 
 
 def _weight_bytes(model) -> int:
@@ -265,8 +266,7 @@ def run_bench(options: Options, progress=_progress) -> dict:
     from zenedge.runtime.model import load_resident
     from zenedge.runtime.variants import load_bitdelta
 
-    if options.threads:
-        torch.set_num_threads(options.threads)
+    threads.configure(options.threads or "auto")
     cpu = torch.device("cpu")
     dd = default_precision()
     setups = precisions()
@@ -383,7 +383,8 @@ def _peers(llama_bench: Path | None, options: Options, tokens: int, kv: dict, wo
     progress(f"llama.cpp: {llama_bench} on {gguf.name}")
     # llama.cpp's KV cache is fp16; its decode steps attend to 1..tokens positions.
     kv_step = round(kv["float32"] // 2 * (tokens + 1) / 2)
-    return peers.prepare(llama_bench, gguf, torch.get_num_threads(), tokens, kv_step, workdir, progress), None
+    decode_threads = threads.policy().decide(single_step=True).threads   # llama.cpp decodes with as many
+    return peers.prepare(llama_bench, gguf, decode_threads, tokens, kv_step, workdir, progress), None
 
 
 def gemv_speeds(residents: dict, repeats: int) -> dict:

@@ -15,6 +15,7 @@ from zenedge.cli import base_cmds, budget_cmds, compress_cmds, doctor_cmds, expo
 from zenedge.cli import serve_cmds
 from zenedge.cli import bench_cmds
 from zenedge.errors import ZenedgeError
+from zenedge.runtime import threads
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -41,6 +42,7 @@ for command in (registry_cmds.search, registry_cmds.pull, registry_cmds.registry
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one line on stderr and a meaningful exit code for every known failure."""
+    threads.prepare_environment()   # before any command imports torch (which starts OpenMP)
     try:
         code = app.main(args=argv, prog_name="zenedge", standalone_mode=False)
         if isinstance(code, int):  # click returns Exit codes instead of raising without standalone mode

@@ -14,6 +14,12 @@ def bench() -> None:
     """Measure the runtime on this machine (results: JSON or the table BENCHMARKS.md records)."""
 
 
+threads_option = click.option("--threads", type=click.IntRange(1, 1024), default=None,
+                              help='torch threads (default: the thread policy\'s "auto", as users get it).')
+load_option = click.option("--background-load", type=click.IntRange(0, 256), default=0, show_default=True,
+                           metavar="N", help="Hold N busy processes while measuring (a machine with other work on it).")
+
+
 def _progress(message: str) -> None:
     click.echo(f"[bench] {message}", err=True)
 
@@ -21,23 +27,27 @@ def _progress(message: str) -> None:
 @bench.command("run")
 @click.option("--tokens", type=click.IntRange(2, 4096), default=64, show_default=True, help="New tokens per generation.")
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True, help="Interleaved rounds (medians).")
-@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="torch threads (default: torch's).")
+@threads_option
+@load_option
 @click.option("--base-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="A Hugging Face directory to use instead of the store's default base.")
 @click.option("--llama-bench", "llama_bench", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               default=None, help="A built llama.cpp llama-bench: its decode of the same GGUF as peer rows "
                                  "(default: $ZENEDGE_LLAMA_BENCH; none: the rows are skipped).")
 @json_option
-def run(tokens: int, repeats: int, threads: int | None, base_dir: Path | None, llama_bench: Path | None,
-        json_out: bool) -> None:
+def run(tokens: int, repeats: int, threads: int | None, background_load: int, base_dir: Path | None,
+        llama_bench: Path | None, json_out: bool) -> None:
     """Decode throughput: transformers' generate vs zenedge (base, LoRA, BitDelta, a mixed batch),
     llama.cpp on the same GGUF when given, switch and cold-load times, bytes per token against the
     copy bandwidth, and the CPU targets."""
+    from zenedge.bench.load import background_load as held
     from zenedge.bench.report import markdown, targets
     from zenedge.bench.throughput import Options, run_bench
 
-    result = run_bench(Options(tokens=tokens, repeats=repeats, threads=threads, base_dir=base_dir,
-                               llama_bench=llama_bench), _progress)
+    with held(background_load):
+        result = run_bench(Options(tokens=tokens, repeats=repeats, threads=threads, base_dir=base_dir,
+                                   llama_bench=llama_bench), _progress)
+    result["background_load"] = background_load
     result["targets"] = targets(result)
     if json_out:
         print_json(result)
@@ -50,7 +60,7 @@ def run(tokens: int, repeats: int, threads: int | None, base_dir: Path | None, l
 @click.option("--tokens", type=click.IntRange(1, 1024), default=32, show_default=True)
 @click.option("--against", default="bfloat16,int8,int4", show_default=True,
               help="Precisions compared with fp32 (bfloat16, int8, int4 weights).")
-@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="torch threads (default: torch's).")
+@threads_option
 @click.option("--base-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None)
 @json_option
 def dtypes(prompts: int, tokens: int, against: str, threads: int | None, base_dir: Path | None, json_out: bool) -> None:
@@ -65,10 +75,9 @@ def dtypes(prompts: int, tokens: int, against: str, threads: int | None, base_di
     if unknown or not labels:
         raise click.BadParameter(f"unknown precision {unknown[0] if unknown else ''!r}: choose from "
                                  f"{', '.join(PRECISIONS[1:])}", param_hint="--against")
-    if threads:
-        import torch
+    from zenedge.runtime import threads as thread_policy
 
-        torch.set_num_threads(threads)
+    thread_policy.configure(threads or "auto")
     directory, _, scratch = resolve_base(base_dir, _progress)
     try:
         result = run_agreement(directory, prompts, tokens, _progress, labels)
@@ -152,25 +161,52 @@ def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int
 
 
 @bench.command("pool")
-@click.option("--threads", type=click.IntRange(1, 1024), default=1, show_default=True,
-              help="OMP_NUM_THREADS for every zenedge process (torch's thread count).")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="ZENEDGE_THREADS for every zenedge process (default: the thread policy's \"auto\", as users get it).")
+@load_option
 @click.option("--first", default="arith", show_default=True, help="The profile pulled first, before the budget is set.")
 @click.option("--mode", type=click.Choice(["cli", "local", "daemon"]), default="cli", show_default=True,
               help="cli: the first pull starts a background daemon, as for a user; local: every pull in its own "
                    "process (ZENEDGE_KEEP_ALIVE=0); daemon: a `zenedge serve` runs from the start, timed apart.")
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the result as JSON here.")
 @json_option
-def pool(threads: int, first: str, mode: str, out: Path | None, json_out: bool) -> None:
+def pool(threads: int | None, background_load: int, first: str, mode: str, out: Path | None, json_out: bool) -> None:
     """The pool at interactive speed: a fresh home, the budget set to ~3.5 profiles, then `zenedge pull`
     of every LoRA profile of the registry, each a fresh CLI process: wall time per pull and what it did."""
     import json
 
     from zenedge.bench import pool as pool_bench
 
-    result = pool_bench.run(threads=threads, first=first, mode=mode, log=_progress)
+    from zenedge.bench.load import background_load as held
+
+    with held(background_load):
+        result = pool_bench.run(threads=threads, first=first, mode=mode, log=_progress)
+    result["background_load"] = background_load
     if out is not None:
         out.write_text(json.dumps(result, indent=2))
     if json_out:
         print_json(result)
     else:
         click.echo(pool_bench.table(result))
+
+
+@bench.command("load")
+@click.option("--background-load", type=click.IntRange(1, 256), default=1, show_default=True, metavar="N",
+              help="Busy processes in the loaded rounds.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=2, show_default=True, help="Interleaved rounds (medians).")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the result as JSON here.")
+@json_option
+def load(background_load: int, rounds: int, out: Path | None, json_out: bool) -> None:
+    """Quiet vs busy in one run: decode, prefill, the gate's scoring and a merging import, with the
+    thread policy's defaults and with one thread (a fresh home; about 6 minutes for 2 rounds here)."""
+    import json
+
+    from zenedge.bench import under_load
+
+    result = under_load.run(load=background_load, rounds=rounds, log=_progress)
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2))
+    if json_out:
+        print_json(result)
+    else:
+        click.echo(under_load.table(result))

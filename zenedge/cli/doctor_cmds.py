@@ -52,6 +52,10 @@ def _checks() -> list[dict]:
         else:
             for name, status, detail in _decode_paths(cfg, device, weights):
                 add(name, status, detail)
+            try:
+                add("threads", "ok", _threads_line(cfg, device, weights))
+            except ZenedgeError as exc:   # ZENEDGE_THREADS malformed
+                add("threads", "fail", str(exc))
     from zenedge import bases
 
     try:
@@ -113,6 +117,26 @@ def _decode_paths(cfg, device, weights: str) -> list[tuple[str, str, str]]:
         detail += ", native kernels on" if off is None else f", native kernels off ({off})"
     return [("decode path", "ok" if off is None else "warn",
              detail + "; no base in the pool yet: its forward is decided by its model classes")]
+
+
+def _threads_line(cfg, device, weights: str) -> str:
+    """torch's CPU threads: the running daemon's, as it reports them, else this process's policy."""
+    from zenedge.cli.daemon import find_daemon
+
+    client = find_daemon(cfg)
+    report = client.ps().get("threads") if client is not None else None
+    if report is None:
+        from zenedge.kernels import native
+        from zenedge.runtime import threads
+
+        native_steps = device.type == "cpu" and weights in ("int4", "int8") and native.off_reason() is None
+        report = threads.configure(cfg.runtime.threads).report(single_step=native_steps)
+    line = f"{report['setting']}" + (f" ({report['source']})" if report["setting"] != "auto" else "")
+    line += f"; {report['cores']} usable cores (by {report['cores_limited_by']}); prompts and scoring: " \
+            f"{report['wide']} ({report['wide_why']})"
+    if report.get("decode") is not None:
+        line += f"; decode steps: {report['decode']} ({report['decode_why']})"
+    return line
 
 
 def _path_line(path: dict, device: str) -> tuple[str, str]:

@@ -43,6 +43,7 @@ import torch
 from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, example_scores, load_eval_set,
                                 prefix_states, right_padded_batch, shared_prefix, supports_prefix)
 from zenedge.pool.phases import Phases
+from zenedge.runtime import threads
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant
 
@@ -52,7 +53,7 @@ ROUND = 8             # examples per member per round after the first
 CONFIDENCE = 2.0      # standard errors between the mean of z and 0 before stopping early
 INDIFFERENCE = 0.05   # a retention known to ±this around the threshold is too close to matter: decide
 MAX_LEN = 384
-SCORE_BATCH = 16
+SCORE_BATCH = 8         # rows per scoring batch: 6 batches for a 48-row round keep two lanes even (threads.py)
 MIN_SHARED = 8        # shorter shared prefixes are not worth a separate pass
 VERIFY_EXAMPLES = 2   # examples of a registry's claimed anchors re-measured (base and own) before they are used
 # How far a re-measured summed answer loss may sit from the claimed one: bf16 vs fp32 scoring moved
@@ -262,34 +263,43 @@ class QualityGate:
 
     def score(self, rows: Sequence[tuple[Variant | None, EncodedExample]]) -> list[tuple[float, int]]:
         """Summed answer loss and answer tokens right of each (variant, example) row; rows of any variants share batches
-        (sorted by length: little padding; the runtime applies each row's variant). The tokens
-        every row of a batch shares (the chat template's system turn) run once per variant, their
-        keys and values reused by each row: a quarter to a half of a short example's tokens."""
+        (sorted by length: little padding; the runtime applies each row's variant), which run on
+        lanes (threads.map_lanes: one per free core, none waiting on another). The tokens every row
+        of a batch shares (the chat template's system turn) run once per variant, their keys and
+        values reused by each row: a quarter to a half of a short example's tokens."""
         model = self.resident.model
         pad = self.resident.tokenizer.pad_token_id or 0
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][1].prompt_ids) + len(rows[i][1].answer_ids))
-        states: dict[tuple[str | None, tuple[int, ...]], list] = {}
-        sums: list[tuple[float, int]] = [(0.0, 0)] * len(rows)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
+        chunks = [order[start:start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+        plans = []                            # per chunk: its variants, examples and shared prefix
+        for chunk in chunks:
             variants, examples = [rows[i][0] for i in chunk], [rows[i][1] for i in chunk]
             skip = shared_prefix(examples) if supports_prefix(model) else 0
             skip = skip if skip >= MIN_SHARED else 0
+            plans.append((variants, examples, tuple(examples[0].prompt_ids[:skip]) if skip else None))
+        states: dict[tuple[str | None, tuple[int, ...]], list] = {}
+        for variants, _, ids in plans:       # computed before the lanes start: they only read them
+            for variant in variants if ids else ():
+                key = (variant.key if variant else None, ids)
+                if key not in states:
+                    with self.resident.state.using([variant], plain=True), self._precision():
+                        states[key] = prefix_states(model, ids)
+
+        def run(plan) -> tuple[torch.Tensor, torch.Tensor]:
+            variants, examples, ids = plan
             prefix = None
-            if skip:
-                ids = tuple(examples[0].prompt_ids[:skip])
-                for variant in variants:
-                    key = (variant.key if variant else None, ids)
-                    if key not in states:
-                        with self.resident.state.using([variant], plain=True), self._precision():
-                            states[key] = prefix_states(model, ids)
+            if ids:
                 per_row = [states[(v.key if v else None, ids)] for v in variants]
                 prefix = [(torch.cat([s[layer][0] for s in per_row]), torch.cat([s[layer][1] for s in per_row]))
                           for layer in range(len(per_row[0]))]
-            batch = right_padded_batch(examples, pad, skip)
+            batch = right_padded_batch(examples, pad, len(ids) if ids else 0)
             # Teacher-forced scoring reads text like a prefill: on the plain weights (runtime/layers.py).
             with self.resident.state.using(variants, plain=True), self._precision():
-                losses, hits = example_scores(model, batch, prefix)
+                return example_scores(model, batch, prefix)
+
+        sums: list[tuple[float, int]] = [(0.0, 0)] * len(rows)
+        scored = threads.map_lanes(run, plans[::-1])[::-1]   # longest first: the lanes finish together
+        for chunk, (losses, hits) in zip(chunks, scored):
             for i, loss, hit in zip(chunk, losses.tolist(), hits.tolist()):
                 sums[i] = (loss, hit)
         return sums
@@ -523,18 +533,17 @@ class QualityGate:
         return out
 
     # -- the data-free proxy -------------------------------------------------------------------
-    @torch.no_grad()
     def _log_probs(self, variant: Variant | None) -> torch.Tensor:
-        tokenizer = self.resident.tokenizer
-        rows = []
-        for prompt in GENERIC_PROMPTS:
+        tokenizer, model, device = self.resident.tokenizer, self.resident.model, self.resident.device
+
+        def run(prompt: str) -> torch.Tensor:   # on a lane (threads.map_lanes): grad mode is per thread
             ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                 tokenize=True, return_dict=False)
             ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-            with self.resident.state.using([variant], plain=True):
-                logits = self.resident.model(input_ids=torch.tensor([ids], device=self.resident.device)).logits
-            rows.append(torch.log_softmax(logits[0].float(), dim=-1))
-        return torch.cat(rows)  # [tokens, V]
+            with torch.no_grad(), self.resident.state.using([variant], plain=True):
+                logits = model(input_ids=torch.tensor([ids], device=device)).logits
+            return torch.log_softmax(logits[0].float(), dim=-1)
+        return torch.cat(threads.map_lanes(run, GENERIC_PROMPTS))  # [tokens, V]
 
     def proxy(self, current: Variant | None, merged: Variant) -> float:
         p = self._log_probs(current)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from zenedge.errors import InvalidInput
+from zenedge.runtime import threads
 from zenedge.runtime.generate import encode_text
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant
@@ -74,15 +75,16 @@ def micro_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
     return groups
 
 
-@torch.inference_mode()
 def embed_ids(resident: ResidentModel, variant: Variant | None, ids: Sequence[Sequence[int]],
               batch_tokens: int = EmbeddingLimits.batch_tokens) -> torch.Tensor:
-    """Unit vectors [N, hidden] for token-id lists, through `resident`'s backbone with `variant`."""
+    """Unit vectors [N, hidden] for token-id lists, through `resident`'s backbone with `variant`
+    (micro-batches on lanes: threads.map_lanes)."""
     backbone = resident.model.base_model   # the decoder stack without the LM head
     hidden = resident.model.config.hidden_size
     out = torch.empty((len(ids), hidden), dtype=torch.float32)
     pad = resident.tokenizer.pad_token_id or 0
-    for group in micro_batches([len(i) for i in ids], batch_tokens):
+
+    def run(group: list[int]) -> None:
         width = max(len(ids[i]) for i in group)
         input_ids = torch.full((len(group), width), pad, dtype=torch.long)
         mask = torch.zeros((len(group), width), dtype=torch.long)
@@ -90,11 +92,14 @@ def embed_ids(resident: ResidentModel, variant: Variant | None, ids: Sequence[Se
             input_ids[row, : len(ids[index])] = torch.as_tensor(ids[index], dtype=torch.long)
             mask[row, : len(ids[index])] = 1
         input_ids, mask = input_ids.to(resident.device), mask.to(resident.device)
-        with resident.state.using([variant] * len(group), plain=True):
+        with torch.inference_mode(), resident.state.using([variant] * len(group), plain=True):  # per thread
             states = backbone(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
-        weights = mask.unsqueeze(-1).to(torch.float32)                        # [B, W, 1]
-        mean = (states.float() * weights).sum(dim=1) / weights.sum(dim=1)     # [B, hidden]
-        out[group] = F.normalize(mean, dim=-1).cpu()
+            weights = mask.unsqueeze(-1).to(torch.float32)                        # [B, W, 1]
+            mean = (states.float() * weights).sum(dim=1) / weights.sum(dim=1)     # [B, hidden]
+            vectors = F.normalize(mean, dim=-1).cpu()
+        out[group] = vectors
+
+    threads.map_lanes(run, micro_batches([len(i) for i in ids], batch_tokens))
     return out
 
 

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, Sequence
 from zenedge import bases
 from zenedge.config import Config
 from zenedge.errors import InvalidInput
+from zenedge.runtime import threads
 from zenedge.runtime.cache import DeltaCache
 from zenedge.runtime.decode import decode_path
 from zenedge.runtime.dense_bitdelta import DenseBitDeltas
@@ -54,6 +55,7 @@ class Engine:
         conversion alone is ~1.7 s and a fifth of the base's memory per process)."""
         self.store = store
         self.cfg = cfg
+        self.threads = threads.configure(cfg.runtime.threads)
         self.device = pick_device(cfg.runtime.device)
         self.dtype = pick_dtype(cfg.runtime.dtype, self.device)
         self.weights = "full" if scoring_only else pick_weights(cfg.runtime.weights, self.device)
@@ -142,4 +144,6 @@ class Engine:
                       for r in self._residents.values()],
             "cache_budget_bytes": self.cache.budget, "cache_used_bytes": self.cache.used_bytes,
             "variants": self.cache.snapshot(), "inflight": self.router.inflight_counts(),
+            "threads": self.threads.report(single_step=any(r.state.native_steps for r in self._residents.values())
+                                           if self._residents else None),
         }

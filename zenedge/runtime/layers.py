@@ -33,7 +33,7 @@ from torch import nn
 
 from zenedge.kernels import native
 from zenedge.merge.factors import LoraFactors
-from zenedge.runtime import cpu_weights
+from zenedge.runtime import cpu_weights, threads
 from zenedge.runtime.cpu_weights import CpuWeight, linear as fast_linear
 from zenedge.runtime.variants import BitDeltaModule, Variant
 
@@ -247,6 +247,7 @@ class VariantState:
     def __init__(self, device: torch.device):
         self.device = device
         self._local = threading.local()
+        self.native_steps = False   # a decode step's products all run in the C kernels (convert_model)
 
     @property
     def current(self) -> RowVariants | None:
@@ -269,11 +270,14 @@ class VariantState:
     @contextmanager
     def applied(self, batch: RowVariants, *, plain: bool = False) -> Iterator[RowVariants]:
         """Apply an already grouped batch (the decode loop groups once per request, not per
-        token). `plain`: multiply with the plain weights, not int8/int4 copies (prefill, scoring)."""
+        token). `plain`: multiply with the plain weights, not int8/int4 copies (prefill, scoring).
+        Every forward on the resident starts here, so this is where its torch thread count is set
+        (threads.py: a decode step on the C kernels takes one thread, other work the free cores)."""
         previous = self.current, self.plain
         self.current, self._local.plain = batch, plain
         try:
-            yield batch
+            with threads.pace(single_step=self.native_steps and not plain):
+                yield batch
         finally:
             self.current, self._local.plain = previous
 

@@ -53,3 +53,6 @@ def convert_model(model: nn.Module, fmt: str) -> None:
             if fast is not None:
                 setattr(parent, child, FastLinear(module, fast, state))
     cpu_weights.settle({name: copy for name, copy in copies.items() if copy is not None})
+    if state is not None:   # every product of a decode step in the C kernels: steps need one thread
+        natives = (cpu_weights.NativeInt4Weight, cpu_weights.NativeInt8Weight)
+        state.native_steps = bool(copies) and all(isinstance(copy, natives) for copy in copies.values())

@@ -644,7 +644,7 @@ class _PsRequired(TypedDict):
 
 
 class Ps(_PsRequired, total=False):
-    pass
+    threads: Union["Threads", None]
 
 
 class _PullProgressRequired(TypedDict):
@@ -750,6 +750,21 @@ class _TextPartRequired(TypedDict):
 
 class TextPart(_TextPartRequired, total=False):
     pass
+
+
+class _ThreadsRequired(TypedDict):
+    """torch's CPU threads in this daemon and why (runtime/threads.py)."""
+    setting: Union[str, int]
+    source: str
+    cores: int
+    cores_limited_by: str
+    wide: int
+    wide_why: str
+
+
+class Threads(_ThreadsRequired, total=False):
+    decode: Union[int, None]
+    decode_why: Union[str, None]
 
 
 class _UsageRequired(TypedDict):
