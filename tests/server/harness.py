@@ -32,15 +32,21 @@ def write_config(path: Path, sections: dict) -> None:
 @contextlib.contextmanager
 def one_torch_thread():
     """The tiny model gains nothing from intra-op threads, and on a 2-core machine shared with the
-    test process's own threads they cost 10x; restored afterwards for the tests that follow."""
-    import torch
+    test process's own threads they cost 10x: ZENEDGE_THREADS=1 for the engines made in the block
+    (daemons in threads of this process, CLI subprocesses); restored afterwards."""
+    from zenedge.runtime import threads
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    before = os.environ.get("ZENEDGE_THREADS")
+    os.environ["ZENEDGE_THREADS"] = "1"
+    threads.configure()
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        if before is None:
+            del os.environ["ZENEDGE_THREADS"]
+        else:
+            os.environ["ZENEDGE_THREADS"] = before
+        threads.configure()
 
 
 def make_home(root: Path, tiny_base_dir: Path, *, profiles=PROFILES, config: dict | None = None) -> tuple[Path, Path]:

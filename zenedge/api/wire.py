@@ -248,6 +248,8 @@ class Health(Reply):
     pid: int
     uptime_seconds: float
     home_id: str = Field(description="identifies the pool this daemon serves (a hash, not the path)")
+    on_demand: bool = Field(False, description="started by a command (it exits when idle); `zenedge serve` takes over "
+                                               "from such a daemon")
 
 
 class Stopping(Reply):

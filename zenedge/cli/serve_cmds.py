@@ -35,7 +35,9 @@ def serve(socket_path: str | None, tcp: str | None, allow_remote: bool, grace: f
                                     grace_seconds=grace, config_poll_seconds=config_poll,
                                     idle_exit_seconds=idle_exit)
     # Claim the home before paying for torch and FastAPI: a second daemon is refused in milliseconds.
-    claim = instance.claim(settings.home, settings.socket)
+    # A daemon a command started on demand hands over to one started here (not to another on demand).
+    claim = (instance.claim(settings.home, settings.socket) if idle_exit > 0
+             else instance.take_over(settings.home, settings.socket, say=lambda line: click.echo(line, err=True)))
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from zenedge.server.daemon import Daemon
 

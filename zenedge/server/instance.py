@@ -14,8 +14,10 @@ import fcntl
 import os
 import socket
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from zenedge.api import discovery
 from zenedge.api.client import DaemonClient, UnixTransport
@@ -23,6 +25,7 @@ from zenedge.errors import Unavailable, ZenedgeError
 from zenedge.server.errors import AlreadyRunning
 
 PROBE_TIMEOUT = 2.0
+HANDOVER_MARGIN = 30.0   # seconds past the old daemon's grace period for it to exit (its last cleanup)
 
 
 @dataclass
@@ -69,6 +72,37 @@ def _running_message(home: Path, socket_path: Path) -> str:
     pid = info.get("pid", "unknown")
     return (f"another zenedge daemon (pid {pid}) holds {home / 'daemon.lock'} but does not answer on {where}; "
             "it may still be starting or be stuck")
+
+
+def take_over(home: Path, socket_path: Path, say: Callable[[str], None]) -> Claim:
+    """`claim`, for a daemon that is meant to stay (`zenedge serve`): a daemon that a command started
+    on demand (it exits when idle) is asked to hand over: it finishes its requests in flight and
+    exits, and this one claims the home. A daemon started by `zenedge serve` is never displaced."""
+    asked: set[int] = set()
+    deadline = None
+    while True:
+        try:
+            return claim(home, socket_path)
+        except AlreadyRunning as refused:
+            info = discovery.read_info(home) or {}
+            where = Path(info.get("socket") or socket_path)
+            health = probe(where)
+            if health is not None and not health.get("on_demand"):
+                raise AlreadyRunning(f"{refused.message}, started by `zenedge serve`",
+                                     hint="use it, or stop it first with `zenedge stop`") from None
+            if health is not None and health.get("pid") not in asked:
+                pid = health.get("pid")
+                say(f"taking over from the zenedge daemon a command started (pid {pid}): it finishes its "
+                    "requests in flight, then exits")
+                answer = DaemonClient(UnixTransport(str(where)), timeout=PROBE_TIMEOUT).stop()
+                asked.add(pid)
+                deadline = time.monotonic() + answer.get("grace_seconds", 10.0) + HANDOVER_MARGIN
+            elif deadline is None:                 # holding the lock without answering: starting or stuck
+                deadline = time.monotonic() + HANDOVER_MARGIN
+            if time.monotonic() > deadline:
+                raise AlreadyRunning(f"{refused.message}; it did not hand over",
+                                     hint="stop it with `zenedge stop`, then start `zenedge serve` again") from None
+            time.sleep(0.1)
 
 
 def claim(home: Path, socket_path: Path) -> Claim:

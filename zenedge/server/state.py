@@ -43,7 +43,7 @@ class DaemonState:
 
     def health(self) -> dict:
         return {"status": "ok", "version": __version__, "pid": os.getpid(), "uptime_seconds": self.uptime,
-                "home_id": discovery.home_id(self.settings.home)}
+                "home_id": discovery.home_id(self.settings.home), "on_demand": self.settings.idle_exit_seconds > 0}
 
     def route(self, model: str) -> Route:
         """A request's `model` → route; any name that is not a base or a pulled profile is a 404."""
