@@ -204,6 +204,8 @@ export interface Health {
   uptime_seconds: number;
   /** identifies the pool this daemon serves (a hash, not the path) */
   home_id: string;
+  /** started by a command (it exits when idle); `zenedge serve` takes over from such a daemon */
+  on_demand: boolean;
 }
 
 /** `zenedge import` through the daemon: files on this machine, read by the daemon (Unix socket only). */

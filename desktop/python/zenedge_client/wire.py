@@ -269,6 +269,7 @@ class _HealthRequired(TypedDict):
     pid: int
     uptime_seconds: float
     home_id: str
+    on_demand: bool
 
 
 class Health(_HealthRequired, total=False):
