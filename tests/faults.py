@@ -114,13 +114,14 @@ def writer_kills(bench: Bench, rounds: int, ops: list[str], rng: random.Random, 
 
 def _check_after(bench: Bench, before: set[str], since: float) -> tuple[list[str], list[str]]:
     from tests.store.crash_worker import ALLOWED_BEFORE_RECONCILE
+    from zenedge.bases import check_bases
     from zenedge.store import Store
 
     raw = Store(bench.home, reconcile=False)
     problems = [p for p in raw.check(budget=bench.budget()) if not p.startswith(ALLOWED_BEFORE_RECONCILE)]
     raw.close()
     store = Store(bench.home)
-    problems += [f"after reconcile: {p}" for p in store.check(budget=bench.budget(), deep=True)]
+    problems += [f"after reconcile: {p}" for p in store.check(budget=bench.budget()) + check_bases(store)]
     lost = sorted(before - {r["name"] for r in store.names()} - removed_since(store, since))
     store.close()
     return problems, lost

@@ -15,6 +15,7 @@ not import the server) still maps the code to the family's class with the row's 
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 
@@ -46,7 +47,11 @@ _ROWS = (
     ("digest_mismatch",         "error",           1,  502, "zenedge.errors.DigestMismatch"),
     ("registry_error",          "error",           1,  502, "zenedge.errors.RegistryError"),
     ("store_busy",              "error",           75, 503, "zenedge.errors.StoreBusy"),  # EX_TEMPFAIL
-    ("store_corrupt",           "error",           3,  500, "zenedge.errors.StoreCorrupt"),
+    ("store_corrupt",           "error",           65, 500, "zenedge.errors.StoreCorrupt"),  # EX_DATAERR
+    ("blob_damaged",            "store_corrupt",   65, 500, "zenedge.errors.BlobDamaged"),
+    ("storage_full",            "error",           74, 507, "zenedge.errors.StorageFull"),   # EX_IOERR
+    ("storage_error",           "error",           74, 500, "zenedge.errors.StorageError"),
+    ("permission_denied",       "error",           77, 500, "zenedge.errors.PermissionDenied"),  # EX_NOPERM
     ("unavailable",             "error",           3,  503, "zenedge.errors.Unavailable"),
     # the daemon (zenedge/server/errors.py)
     ("not_implemented",         "unavailable",     3,  501, "zenedge.server.errors.NotAvailableYet"),
@@ -205,10 +210,86 @@ class StoreBusy(ZenedgeError):
 
 
 class StoreCorrupt(ZenedgeError):
+    """The pool's index or files are damaged: nothing is served from them or deleted because of them."""
+
     code = "store_corrupt"
+
+
+class BlobDamaged(StoreCorrupt):
+    """A stored blob whose bytes no longer match its digest, or whose tensors are not finite."""
+
+    code = "blob_damaged"
+
+
+class StorageFull(ZenedgeError):
+    """The disk (or quota) holding the pool has no room for what a command writes; nothing changed."""
+
+    code = "storage_full"
+
+
+class StorageError(ZenedgeError):
+    """The disk failed a read or a write for another reason (an I/O error, a missing directory)."""
+
+    code = "storage_error"
+
+
+class PermissionDenied(ZenedgeError):
+    """A file or directory of the pool (or the config) cannot be written by this user: a read-only
+    home, files owned by someone else."""
+
+    code = "permission_denied"
 
 
 class Unavailable(ZenedgeError):
     """A capability this machine lacks (a missing package, no GPU for a GPU-only path)."""
 
     code = "unavailable"
+
+
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def from_environment(exc: BaseException) -> ZenedgeError | None:
+    """A fault of the machine rather than of zenedge (a full disk, a read-only home, files owned by
+    someone else, a damaged SQLite file) as the one-line error a user can act on, with its own exit
+    code and HTTP status; None for anything else (a bug: the CLI shows its traceback, the daemon
+    logs it). The CLI's entry point and the daemon's error handler both ask here."""
+    import sqlite3
+
+    if isinstance(exc, ZenedgeError):
+        return exc
+    if isinstance(exc, sqlite3.Error):
+        return _from_sqlite(exc)
+    if not isinstance(exc, OSError) or exc.errno is None:
+        return None
+    where = f": {exc.filename}" if exc.filename else ""
+    if exc.errno in _FULL:
+        return StorageFull(f"no space left on the disk{where}",
+                           hint="free space on the disk that holds the zenedge home (`zenedge doctor` shows it), "
+                                "then run the command again")
+    if exc.errno in _DENIED:
+        return PermissionDenied(f"{exc.strerror.lower() if exc.strerror else 'not permitted'}{where}",
+                                hint="the zenedge home and config must be writable by you "
+                                     "(ZENEDGE_HOME and ZENEDGE_CONFIG move them)")
+    if exc.filename or exc.errno == errno.EIO:
+        return StorageError(f"{exc.strerror or 'I/O error'}{where}")
+    return None
+
+
+def _from_sqlite(exc: BaseException) -> ZenedgeError:
+    text = str(exc)
+    lowered = text.lower()
+    if "readonly" in lowered or "read-only" in lowered:
+        return PermissionDenied(f"the pool's index cannot be written ({text})",
+                                hint="the zenedge home must be writable by you (ZENEDGE_HOME moves it)")
+    if "full" in lowered:
+        return StorageFull(f"no space left for the pool's index ({text})",
+                           hint="free space on the disk that holds the zenedge home, then run the command again")
+    if "locked" in lowered or "busy" in lowered:
+        return StoreBusy(f"the pool's index is locked by another process ({text})", hint="try again in a moment")
+    if "unable to open" in lowered or "disk i/o" in lowered:
+        return StorageError(f"cannot read or write the pool's index ({text})",
+                            hint="check the zenedge home's disk and permissions")
+    return StoreCorrupt(f"the pool's index is damaged ({text})",
+                        hint="`zenedge pool recover` rebuilds it from the stored files")

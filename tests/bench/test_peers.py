@@ -3,7 +3,6 @@ the "absent -> skipped" path. No test needs llama.cpp: a stand-in script plays l
 the subprocess plumbing is under test (what it prints is llama-bench's own output, captured)."""
 
 import json
-import os
 import stat
 from pathlib import Path
 

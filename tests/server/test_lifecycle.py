@@ -30,7 +30,8 @@ def test_serve_lifecycle(tmp_path, tiny_base_dir):
         second = run_cli("serve", env=first.env())
         assert second.returncode == 1
         assert second.stderr.splitlines() == [
-            f"error: a zenedge daemon is already running for this home (pid {first.process.pid}, socket {first.socket})"]
+            f"error: a zenedge daemon is already running for this home (pid {first.process.pid}, socket {first.socket}), "
+            "started by `zenedge serve` (use it, or stop it first with `zenedge stop`)"]
 
         write_config(config_path, {"runtime": {"device": "cpu", "dtype": "float32"}, "server": {"max_queue": 7}})
         with first.uds() as http:

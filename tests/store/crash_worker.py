@@ -7,7 +7,7 @@ what it interrupted. Used by tests/store/test_crash_safety.py and the fault scri
 
 After each kill, `kill_and_check` asserts what "nothing lost" means:
 - before any repair, the only problems are leftovers that start-up removes (orphan blobs, staging);
-- after start-up's reconcile, `check(deep=True)` finds nothing (every blob re-hashed), the budget holds;
+- after start-up's reconcile, `check()` finds nothing (every blob re-hashed; with `deep`, the bases too), the budget holds;
 - every profile there before the kill is still there, unless a committed event (rm, evict) removed it.
 """
 
@@ -118,6 +118,7 @@ def kill_and_check(home: Path, variants: list[str], seed: int, delay: float, ops
     """Start a worker, SIGKILL it `delay` seconds after it is ready (or after it starts a `target`
     operation), and check the pool as the module says. `budget_of()`: the configured budget now
     (the worker may have changed it)."""
+    from zenedge.bases import check_bases
     from zenedge.store import Store
 
     before, since = snapshot(home)
@@ -136,7 +137,7 @@ def kill_and_check(home: Path, variants: list[str], seed: int, delay: float, ops
     problems = [p for p in raw.check(budget=budget) if not p.startswith(ALLOWED_BEFORE_RECONCILE)]
     raw.close()
     store = Store(home)  # start-up reconcile
-    problems += [f"after reconcile: {p}" for p in store.check(budget=budget, deep=deep)]
+    problems += [f"after reconcile: {p}" for p in store.check(budget=budget) + (check_bases(store) if deep else [])]
     now = {row["name"] for row in store.names()}
     lost = sorted(before - now - removed_since(store, since))
     store.close()

@@ -8,7 +8,7 @@ import threading
 
 from tests.conftest import REPO
 from zenedge.store import Store
-from zenedge.store.owners import Downloads, collect_staging, staging_leftovers
+from zenedge.store.owners import Downloads, staging_leftovers
 
 HOLDER = r"""
 import sys, time

@@ -366,7 +366,6 @@ def run_bench(options: Options, progress=_progress) -> dict:
 
 def _peers(llama_bench: Path | None, options: Options, tokens: int, kv: dict, workdir: Path, progress):
     """llama.cpp's rows (peers.Peer), or none and the note saying why."""
-    import torch
 
     from zenedge import bases
     from zenedge.bench import peers

@@ -16,18 +16,15 @@ taken minutes apart on the same machine:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import date
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from zenedge.bench.load import background_load, describe
 from zenedge.bench.pool import _serving, _zenedge

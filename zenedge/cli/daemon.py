@@ -75,10 +75,15 @@ def start_daemon(cfg: Config, seconds: float, say: Callable[[str], None]) -> Dae
     import subprocess
 
     log_path = paths.home() / "logs" / "daemon.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")
+    except OSError as exc:   # a home we may only read: the command can still read the pool itself
+        say(f"note: no zenedge daemon can start here ({exc.strerror}: {log_path}); working in this process")
+        return None
     say(f"starting a zenedge daemon for this pool (it exits after {seconds:g} s with nothing to do; "
         "`zenedge stop` ends it now)")
-    with open(log_path, "ab") as log:
+    with log:
         process = subprocess.Popen(
             [sys.executable, "-m", "zenedge.cli", "serve", "--idle-exit", f"{seconds:g}", "--log-level", "warning"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=dict(os.environ))

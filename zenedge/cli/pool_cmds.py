@@ -153,13 +153,17 @@ def _short(detail) -> str:
 
 
 @pool.command("check")
-@click.option("--deep", is_flag=True, help="Also re-hash every blob.")
+@click.option("--deep", is_flag=True, help="Also re-hash the bases' weights in full.")
 @json_option
 def check_cmd(deep: bool, json_out: bool) -> None:
     """Verify the pool's invariants; exit 1 if any is broken."""
     cfg = load_config()
     store = open_store()
-    problems = store.check(budget=cfg.budget, deep=deep)
+    problems = store.check(budget=cfg.budget)
+    if deep:
+        from zenedge.bases import check_bases
+
+        problems += check_bases(store)
     partials = store.partial_downloads()  # not a broken invariant: reported, not a failure
     if json_out:
         print_json({"ok": not problems, "problems": problems, "partial_downloads": partials})

@@ -18,6 +18,7 @@ from zenedge.adapters.targets import is_servable
 from zenedge.bases import DEFAULT_BASE, ensure_base, file_sha256, find_base, identities
 from zenedge.config import Config
 from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter, InvalidInput
+from zenedge.files import regular_file
 from zenedge.names import check_name
 from zenedge.pool.phases import Phases, Progress
 from zenedge.sizes import format_size
@@ -28,6 +29,7 @@ from zenedge.store import NewAdapter, NewName, Store
 # (an arrival whose third candidate would have taken it evicted a profile instead), and a clear
 # refusal costs only 16 examples per member with the sequential gate (BENCHMARKS.md).
 MERGE_CANDIDATES = 3
+EVAL_SET_MAX_BYTES = 64 << 20   # ~100x the embedded sets; the gate reads at most 64 examples of one
 LEAST_LOSS_OPTIONS = 2   # refused merges least-loss admission measures in full before choosing
 
 
@@ -49,10 +51,13 @@ def resolve_base(store: Store, name: str | None, progress: Progress | None = Non
 
 
 def check_source(path: Path) -> None:
-    """Refuse a missing adapter path before anything slow (the default base's first-use set-up)."""
+    """Refuse a missing adapter path, or one that is neither a directory nor a regular file (a
+    FIFO would block the reader), before anything slow (the default base's first-use set-up)."""
+    hint = "give a PEFT LoRA directory or a .bitdelta file"
     if not Path(path).exists():
-        raise InvalidInput(f"{path}: no such file or directory",
-                           hint="give a PEFT LoRA directory or a .bitdelta file")
+        raise InvalidInput(f"{path}: no such file or directory", hint=hint)
+    if not Path(path).is_dir():
+        regular_file(Path(path), "adapter file", hint=hint)
 
 
 def check_eval_set(path: Path | None) -> Path | None:
@@ -63,9 +68,7 @@ def check_eval_set(path: Path | None) -> Path | None:
     from zenedge.evaluation import load_eval_set
 
     path = Path(path)
-    if not path.is_file():
-        raise InvalidInput(f"eval set {path}: {'is a directory' if path.is_dir() else 'no such file'}",
-                           hint="give a JSONL file of {\"prompt\", \"answer\"} lines")
+    regular_file(path, "eval set", EVAL_SET_MAX_BYTES, hint="give a JSONL file of {\"prompt\", \"answer\"} lines")
     load_eval_set(path)  # EvalSetError (one line naming the file and line) if it is not one
     return path
 

@@ -36,7 +36,7 @@ def _peft_dir(store: Store, adapter: dict[str, Any], dest: Path, base_id: str) -
     config["base_model_name_or_path"] = base_id
     config.setdefault("task_type", "CAUSAL_LM")
     (dest / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    shutil.copyfile(store.blob_path(adapter["sha256"]), dest / "adapter_model.safetensors")
+    shutil.copyfile(store.verified_blob(adapter["sha256"]), dest / "adapter_model.safetensors")
 
 
 def _module_deltas(store: Store, adapter: dict[str, Any]) -> Iterator[tuple[str, Callable[[], Any]]]:
@@ -44,7 +44,7 @@ def _module_deltas(store: Store, adapter: dict[str, Any]) -> Iterator[tuple[str,
     if adapter["kind"] == "bitdelta":
         from zenedge.bitdelta import decompress, load_bitdelta
 
-        delta = load_bitdelta(store.blob_path(adapter["sha256"]))
+        delta = load_bitdelta(store.verified_blob(adapter["sha256"]))
         for module, (packed, alpha, in_features) in delta.modules.items():
             yield module, lambda p=packed, a=alpha, n=in_features: decompress(p, a, n)
     else:
@@ -52,7 +52,7 @@ def _module_deltas(store: Store, adapter: dict[str, Any]) -> Iterator[tuple[str,
 
         from zenedge.adapters.lora_tensors import read_lora_factors
 
-        factors = read_lora_factors(store.blob_path(adapter["sha256"]), adapter["config"], dtype=torch.float32)
+        factors = read_lora_factors(store.verified_blob(adapter["sha256"]), adapter["config"], dtype=torch.float32)
         for module, f in factors.items():
             yield module, f.delta
 
@@ -87,7 +87,7 @@ def _bitdelta_lora(store: Store, adapter: dict[str, Any], dest: Path, rank: int,
     from zenedge.bitdelta import decompress, load_bitdelta
     from zenedge.merge import LoraFactors
 
-    delta = load_bitdelta(store.blob_path(adapter["sha256"]))
+    delta = load_bitdelta(store.verified_blob(adapter["sha256"]))
     factors, err2, total2 = {}, 0.0, 0.0
     for module, (packed, alpha, in_features) in delta.modules.items():
         full = decompress(packed, alpha, in_features).double()  # one module at a time

@@ -25,7 +25,7 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
 
     from zenedge.adapters.lora_tensors import round_to, stored_dtype, write_peft_adapter
     from zenedge.merge import merge as run_method
-    from zenedge.pool.merger import PoolMerger, member_entry, rank_cap
+    from zenedge.pool.merger import PoolMerger, rank_cap
 
     base = next(iter(rows.values()))["base"]
     phases = Phases(progress)

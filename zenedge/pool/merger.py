@@ -127,7 +127,7 @@ class PoolMerger:
         return cls(store, cfg, resident, phases)
 
     def factors(self, adapter: dict[str, Any]) -> dict[str, LoraFactors]:
-        return read_lora_factors(self.store.blob_path(adapter["sha256"]), adapter["config"], dtype=torch.float32)
+        return read_lora_factors(self.store.verified_blob(adapter["sha256"]), adapter["config"], dtype=torch.float32)
 
     def variant(self, key: str, factors: dict[str, LoraFactors]) -> Variant:
         return lora_variant(key, factors, self.resident)
@@ -143,7 +143,7 @@ class PoolMerger:
             return [(rows[key], sim) for key, sim in rank_by_similarity(incoming.factors, pool)]
 
     def _eval_path(self, name_row: dict[str, Any]) -> Path | None:
-        return self.store.blob_path(name_row["eval_blob"]) if name_row.get("eval_blob") else None
+        return self.store.verified_blob(name_row["eval_blob"]) if name_row.get("eval_blob") else None
 
     def attempt(self, candidate: dict[str, Any], similarity: float, incoming: Incoming) -> Attempt:
         """Merge a LoRA `incoming` into `candidate` with low-rank OPCM (nothing stored yet) and gate it."""
@@ -176,7 +176,7 @@ class PoolMerger:
         with self.phases.phase("rank", f"ranking {len(rows)} stored deltas by similarity to {incoming.name}",
                                stored=len(rows)):
             new = load_bitdelta(incoming.delta_path).modules
-            ranked = [(row, delta_cosine(load_bitdelta(self.store.blob_path(row["sha256"])).modules, new))
+            ranked = [(row, delta_cosine(load_bitdelta(self.store.verified_blob(row["sha256"])).modules, new))
                       for row in rows]
             return sorted(ranked, key=lambda pair: -pair[1])
 
@@ -187,7 +187,7 @@ class PoolMerger:
         from zenedge.runtime.variants import load_bitdelta as load_variant
 
         out = workdir / "merged.bitdelta"
-        stored = self.store.blob_path(candidate["sha256"])
+        stored = self.store.verified_blob(candidate["sha256"])
         into = self.label(candidate)
         with self.phases.phase("fold", f"merging {incoming.name} into {into}", candidate=into):
             state = merge_bitdelta_files(stored, candidate.get("state") or {}, incoming.delta_path, out, OPCM_ALPHA)
@@ -326,7 +326,7 @@ def member_entry(store: Store, name: str, quality: dict[str, Any] | None) -> New
     eval set was dropped here once, which silently moved every later gate of a merged member onto
     the data-free proxy.)"""
     row = store.name(name) or {}
-    eval_path = store.blob_path(row["eval_blob"]) if row.get("eval_blob") else None
+    eval_path = store.verified_blob(row["eval_blob"]) if row.get("eval_blob") else None
     return NewName(name=name, version=row.get("version") or "", description=row.get("description") or "",
                    eval_path=eval_path, quality=quality or row.get("quality") or {}, origin=row.get("origin") or {})
 

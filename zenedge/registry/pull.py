@@ -13,16 +13,14 @@ from typing import Any, Callable
 
 from zenedge import bases
 from zenedge.config import Config
-from zenedge.errors import BudgetExceeded, ProfileNotFound, RegistryError
+from zenedge.errors import ProfileNotFound, RegistryError
 from zenedge.names import split_reference
 from zenedge.pool import admission
 from zenedge.registry.manifest import IndexEntry, Manifest, version_key
 from zenedge.registry.sources import open_source
-from zenedge.sizes import format_size
 from zenedge.store import Store
 
 Progress = Callable[[dict[str, Any]], None]
-DISK_MARGIN = 64 * 2**20  # keep some room: a full disk corrupts more than a pull
 
 
 @dataclass
@@ -99,10 +97,7 @@ def _check_base(store: Store, manifest: Manifest, progress: Progress | None) -> 
 
 
 def _check_space(store: Store, cfg: Config, manifest: Manifest) -> None:
-    free_disk = shutil.disk_usage(store.home).free
-    if manifest.size + DISK_MARGIN > free_disk:
-        raise BudgetExceeded(f"{manifest.name!r} needs {format_size(manifest.size)} but the disk has "
-                             f"{format_size(free_disk)} free", hint="free some disk space")
+    store.ensure_disk_space(manifest.size, f"pulling {manifest.name!r}")
     admission.check_admission(store, cfg, manifest.name, manifest.size, manifest.kind)
 
 
@@ -131,7 +126,7 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
     manifest = resolved.manifest
     weights = manifest.file("weights")
     existing = store.name(manifest.name)
-    if existing and existing["adapter_id"] == weights.sha256:
+    if existing and existing["adapter_id"] == weights.sha256 and store.blobs.verify(weights.sha256):
         report({"status": "up to date", "name": manifest.name})
         return _result(store, manifest, weights.sha256, up_to_date=True)
     _check_space(store, cfg, manifest)
@@ -141,7 +136,7 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
         for entry in files:
             target = staging / entry.path
             target.parent.mkdir(parents=True, exist_ok=True)
-            if store.blobs.has(entry.sha256):  # dedup by digest: already here, no transfer
+            if store.blobs.verify(entry.sha256):  # dedup by digest: already here (and intact), no transfer
                 shutil.copyfile(store.blobs.path(entry.sha256), target)
                 report({"status": "present", "file": entry.path, "completed": entry.size, "total": entry.size})
                 continue

@@ -79,6 +79,7 @@ class Engine:
         with self._resident_lock:  # single-flight: one load per base, others wait
             if base not in self._residents:
                 row = bases.ensure_base(self.store, base, progress=self.progress)
+                bases.verify_weights(self.store, row)
                 directory = self.store.home / row["dir"]
                 self._residents[base] = load_resident(row["name"], directory, self.device, self.dtype, self.weights)
             return self._residents[base]
@@ -87,14 +88,20 @@ class Engine:
         if route.adapter is None:
             return None
         adapter = route.adapter
-        variant = self.cache.get(adapter["id"], lambda: self._load_variant(adapter), name=route.name)
+        variant = self.cache.get(adapter["id"], lambda: self._load_variant(adapter, route.name), name=route.name)
         return self.dense.prepare(variant, self.resident(route.base).model)   # hot BitDelta on CPU: dense weights
 
-    def _load_variant(self, adapter: dict[str, Any]) -> Variant:
-        path = self.store.blob_path(adapter["sha256"])
+    def _load_variant(self, adapter: dict[str, Any], name: str) -> Variant:
+        """A stored adapter in memory, from a blob that still matches its digest and holds finite
+        numbers only: a damaged file is refused with one line naming the profile, never served."""
+        path = self.store.verified_blob(adapter["sha256"])
         if adapter["kind"] == "bitdelta":
-            return load_bitdelta(adapter["id"], path, self.device)
-        return load_lora(adapter["id"], adapter["kind"], path, adapter["config"], self.device, self.dtype)
+            variant = load_bitdelta(adapter["id"], path, self.device)
+        else:
+            variant = load_lora(adapter["id"], adapter["kind"], path, adapter["config"], self.device, self.dtype)
+        if not variant.finite():
+            raise self.store.damaged(adapter["sha256"], "it holds non-finite numbers")
+        return variant
 
     # -- generation ----------------------------------------------------------------------------
     def _prepare(self, name: str, prompt: Prompt, params: SamplingParams) -> tuple[Route, ResidentModel, GenerationRequest]:

@@ -38,6 +38,12 @@ class Variant:
     def is_bitdelta(self) -> bool:
         return self.kind == "bitdelta"
 
+    def finite(self) -> bool:
+        """Whether every number it adds is finite (packed signs always are)."""
+        tensors = [t for m in self.modules.values()
+                   for t in ((m.alpha,) if isinstance(m, BitDeltaModule) else (m.A, m.B))]
+        return all(bool(torch.isfinite(t).all()) for t in tensors)
+
 
 def load_lora(key: str, kind: str, weights: Path, config: dict, device: torch.device,
               dtype: torch.dtype) -> Variant:

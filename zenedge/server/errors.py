@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from zenedge.errors import Conflict, InvalidInput, NotFound, Unavailable, ZenedgeError
+from zenedge.errors import Conflict, InvalidInput, NotFound, Unavailable, ZenedgeError, from_environment
 
 log = logging.getLogger("zenedge.server")
 
@@ -74,9 +74,7 @@ def response(exc: BaseException, shape: Callable[[ZenedgeError], dict[str, Any]]
     body's form (the Ollama-compatible routes answer `{"error": "message"}`)."""
     from starlette.responses import JSONResponse  # here, so that the error classes stay importable cheaply
 
-    if not isinstance(exc, ZenedgeError):
-        log.error("unexpected error while serving a request", exc_info=exc)
-        exc = ZenedgeError("internal error in the zenedge daemon (details are in its log)")
+    exc = _known(exc, "while serving a request")
     headers = {}
     if isinstance(exc, QueueFull):
         headers["Retry-After"] = str(exc.retry_after)
@@ -87,10 +85,20 @@ def response(exc: BaseException, shape: Callable[[ZenedgeError], dict[str, Any]]
 
 def stream_payload(exc: BaseException) -> dict[str, Any]:
     """An error that happens after a stream has started travels as one last event."""
-    if not isinstance(exc, ZenedgeError):
-        log.error("unexpected error while streaming", exc_info=exc)
-        exc = ZenedgeError("internal error in the zenedge daemon (details are in its log)")
-    return payload(exc)
+    return payload(_known(exc, "while streaming"))
+
+
+def _known(exc: BaseException, doing: str) -> ZenedgeError:
+    """The error a client gets: a zenedge error as it is, a fault of the machine (a full disk, a
+    read-only home, a damaged index) as its one line (errors.from_environment), and anything else
+    as "internal error", its traceback in the daemon's log only."""
+    known = from_environment(exc)
+    if known is not None:
+        if known is not exc:
+            log.warning("%s: %s", doing, known)
+        return known
+    log.error("unexpected error %s", doing, exc_info=exc)
+    return ZenedgeError("internal error in the zenedge daemon (details are in its log)")
 
 
 def validation_error(errors: list[dict[str, Any]]) -> InvalidInput:

@@ -33,11 +33,12 @@ def fsync_dir(path: Path) -> None:
 
 
 class BlobStore:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, create: bool = True):
         self.dir = root / "blobs"
         self.tmp_root = root / "tmp"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.tmp_root.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.tmp_root.mkdir(parents=True, exist_ok=True)
         self._staging: StagingDir | None = None
         self._staging_guard = threading.Lock()
 
@@ -60,6 +61,8 @@ class BlobStore:
         return self.path(digest).stat().st_size
 
     def digests(self) -> Iterator[str]:
+        if not self.dir.is_dir():
+            return
         for entry in self.dir.iterdir():
             if entry.name.startswith(PREFIX):
                 yield entry.name[len(PREFIX):]
@@ -89,10 +92,10 @@ class BlobStore:
             if expected is not None and digest != check_digest(expected):
                 raise DigestMismatch(f"content has sha256 {digest}, expected {check_digest(expected)}")
             final = self.path(digest)
-            if final.exists():  # same content already stored: keep the first copy
+            if final.exists() and self.verify(digest):  # same content already stored: keep the first copy
                 tmp.unlink()
-            else:
-                os.chmod(tmp, 0o644)
+            else:                                       # (a damaged copy is replaced: a re-pull heals it)
+                os.chmod(tmp, 0o600)   # the home is private; so is what it holds
                 os.replace(tmp, final)
                 fsync_dir(self.dir)
             return digest, size
@@ -122,11 +125,12 @@ class BlobStore:
         self.path(digest).unlink(missing_ok=True)
 
     def verify(self, digest: str) -> bool:
-        hasher = hashlib.sha256()
-        with open(self.path(digest), "rb") as handle:
-            while chunk := handle.read(CHUNK):
-                hasher.update(chunk)
-        return hasher.hexdigest() == digest
+        """Whether the blob is there, a regular file, and its bytes still hash to its name."""
+        path = self.path(digest)
+        if not path.is_file():
+            return False
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest() == digest
 
     def copy_out(self, digest: str, dest: Path) -> None:
         shutil.copyfile(self.path(digest), dest)

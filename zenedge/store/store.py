@@ -13,6 +13,7 @@ directories and partial downloads have owners (owners.py), and only a dead owner
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import threading
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from zenedge.errors import AdapterNotFound, BudgetExceeded, InvalidInput, StoreBusy
+from zenedge.errors import AdapterNotFound, BlobDamaged, BudgetExceeded, InvalidInput, PermissionDenied, StorageFull, StoreBusy, StoreCorrupt
 from zenedge.names import check_name
 from zenedge.sizes import format_size
 from zenedge.store.blobs import BlobStore, fsync_dir
@@ -30,7 +31,20 @@ from zenedge.store.lock import WriterLock
 from zenedge.store.migrations import migrate, pending_migrations
 from zenedge.store.owners import Downloads, collect_staging
 
-RATE_HALF_LIFE = 24 * 3600.0  # a request counts half as much after a day
+RATE_HALF_LIFE = 24 * 3600.0
+DISK_MARGIN = 64 * 2**20      # free space a write must leave on the pool's disk (`ensure_disk_space`)  # a request counts half as much after a day
+
+
+def private_home(home: Path) -> None:
+    """Create the home 0700 (it holds the user's adapters, eval sets and logs), and tighten one that
+    is ours and open to others. A home we cannot change is left as it is."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        info = home.stat()
+        if info.st_uid == os.getuid() and info.st_mode & 0o077:
+            os.chmod(home, 0o700)
+    except OSError:
+        pass
 
 
 def decayed_rate(rate: float, rate_at: float, now: float) -> float:
@@ -67,23 +81,62 @@ class Usage:
     bases_bytes: int
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 class Store:
     def __init__(self, home: Path, *, reconcile: bool = True):
         self.home = Path(home)
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.blobs = BlobStore(self.home)
+        private_home(self.home)
+        # A home we cannot write (a read-only mount, another user's files) still answers reads:
+        # the index is opened immutable, and nothing is migrated, reconciled or written.
+        self.read_only = not os.access(self.home, os.W_OK)
+        self.blobs = BlobStore(self.home, create=not self.read_only)
         self.bases_dir = self.home / "bases"
-        self.bases_dir.mkdir(exist_ok=True)
+        if not self.read_only:
+            self.bases_dir.mkdir(exist_ok=True)
         self.downloads = Downloads(self.home)
         self.lock = WriterLock(self.home / "lock")
         self.path = self.home / "index.db"
         self._local = threading.local()
+        self._trust_index()
+        if self.read_only:
+            return
         if pending_migrations(self.conn):
             with self.lock.hold():
                 migrate(self.db)
         if reconcile:
             # partial downloads stay: an interrupted pull resumes from them; gc and maintain collect them
             self.reconcile(blocking=False, downloads=False)
+
+    def _trust_index(self) -> None:
+        """Refuse an index that cannot be the pool's: one that is missing or empty while the home
+        holds blobs or bases (it would read as an empty pool, and reconciling would delete them all),
+        one whose header is not SQLite's, one SQLite finds damaged. Nothing is changed then;
+        `zenedge pool recover` rebuilds it from what the home holds."""
+        hint = "`zenedge pool recover` rebuilds it from the stored files (the damaged one is kept aside)"
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size == 0:
+            blobs = sum(1 for _ in self.blobs.digests()) if self.blobs.dir.is_dir() else 0
+            bases = [p for p in self.bases_dir.iterdir()] if self.bases_dir.is_dir() else []
+            if blobs or bases:
+                state = "empty" if self.path.exists() else "missing"
+                raise StoreCorrupt(f"the pool's index {self.path} is {state}, but the home holds {blobs} blobs and "
+                                   f"{len(bases)} bases: refusing to treat the pool as empty", hint=hint)
+            return
+        with open(self.path, "rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+        if header != SQLITE_HEADER:
+            raise StoreCorrupt(f"the pool's index {self.path} is not an SQLite database (damaged header)", hint=hint)
+        try:
+            verdict = self.conn.execute("PRAGMA quick_check").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise
+            verdict = str(exc)
+        if verdict != "ok":
+            self.close()
+            raise StoreCorrupt(f"the pool's index {self.path} is damaged ({verdict.splitlines()[0]})", hint=hint)
 
     # -- connections ---------------------------------------------------------------------
     @property
@@ -93,9 +146,12 @@ class Store:
         read-only commands never pay sqlite-utils' import time."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=10.0)
-            conn.execute("PRAGMA journal_mode=WAL")      # readers never block the writer
-            conn.execute("PRAGMA synchronous=FULL")      # a commit survives power loss
+            if self.read_only:   # no -wal/-shm files can be made: read the file as it is
+                conn = sqlite3.connect(f"{self.path.absolute().as_uri()}?immutable=1", uri=True, timeout=10.0)
+            else:
+                conn = sqlite3.connect(self.path, timeout=10.0)
+                conn.execute("PRAGMA journal_mode=WAL")      # readers never block the writer
+                conn.execute("PRAGMA synchronous=FULL")      # a commit survives power loss
             conn.execute("PRAGMA foreign_keys=ON")
             self._local.conn = conn
         return conn
@@ -126,6 +182,9 @@ class Store:
     @contextmanager
     def writing(self, timeout: float = 60.0) -> Iterator[None]:
         """Hold the writer lock for a whole operation (blob writes + one transaction)."""
+        if self.read_only:
+            raise PermissionDenied(f"the zenedge home {self.home} is not writable by you: the pool can be read, "
+                                   "not changed", hint="fix its permissions, or set ZENEDGE_HOME to a home of yours")
         with self.lock.hold(timeout):
             yield
 
@@ -143,6 +202,16 @@ class Store:
         bases = self.conn.execute("SELECT COALESCE(SUM(bytes), 0) FROM bases").fetchone()[0]
         count = self.conn.execute("SELECT COUNT(*) FROM adapters").fetchone()[0]
         return Usage(sum(by_kind.values()), by_kind, count, bases)
+
+    def ensure_disk_space(self, nbytes: int, what: str) -> None:
+        """Refuse, before any write, what would leave the disk holding the pool with less than
+        DISK_MARGIN free (SQLite's journal, staging copies and the OS need room: a full disk
+        mid-commit is survivable, but costs the user a confusing failure)."""
+        free = shutil.disk_usage(self.home).free
+        if nbytes + DISK_MARGIN > free:
+            raise StorageFull(f"{what} needs {format_size(nbytes)} and a {format_size(DISK_MARGIN)} margin, but the disk "
+                              f"holding {self.home} has {format_size(free)} free",
+                              hint="free some disk space, then run the command again")
 
     def used_bytes(self) -> int:
         return self.usage().used_bytes
@@ -202,6 +271,26 @@ class Store:
 
     def blob_path(self, digest: str) -> Path:
         return self.blobs.path(digest)
+
+    def verified_blob(self, digest: str) -> Path:
+        """The path of a stored blob whose bytes still hash to its digest, re-hashed now (a 2 MB
+        adapter: about a millisecond); BlobDamaged naming the profiles it serves otherwise.
+        Whatever is read from the pool to serve, merge, gate or export comes through here, so a
+        damaged file is refused, never served or copied into a merge."""
+        if self.blobs.verify(digest):
+            return self.blobs.path(digest)
+        raise self.damaged(digest, "its bytes no longer match its sha256" if self.blobs.has(digest) else "it is missing")
+
+    def damaged(self, digest: str, why: str) -> BlobDamaged:
+        """The error for a damaged blob, naming the profiles that use it and how to mend them."""
+        served = self.names_of(digest)
+        evals = [r[0] for r in self.conn.execute("SELECT name FROM names WHERE eval_blob = ? ORDER BY name", [digest])]
+        what = (f"the stored adapter of {', '.join(map(repr, served))}" if served else
+                f"the stored eval set of {', '.join(map(repr, evals))}" if evals else f"blob sha256-{digest[:12]}")
+        again = " / ".join(f"`zenedge pull {n}`" for n in (served or evals)[:2]) or "`zenedge pool check --deep`"
+        return BlobDamaged(f"{what} is damaged ({why}, sha256 {digest[:12]})",
+                           hint=f"{again} stores it again (or import it again); `zenedge pool check --deep` "
+                                "lists every damaged file")
 
     def freed_by_evicting(self, adapter_id: str) -> int:
         """Bytes evicting this adapter gives back: its blob, and the eval sets of its names that no
@@ -363,6 +452,8 @@ class Store:
 
     def record_requests(self, adapter_id: str, count: int = 1, now: float | None = None) -> None:
         """Bump the request counters the eviction order uses (no writer lock: stats only)."""
+        if self.read_only:
+            return  # a home we may only read still serves; its counters stay as they were
         now = time.time() if now is None else now
         with self.db.atomic():
             row = self.conn.execute("SELECT request_rate, rate_at FROM adapters WHERE id = ?", [adapter_id]).fetchone()
@@ -491,8 +582,9 @@ class Store:
         return {"count": len(leftovers), "bytes": sum(p.bytes for p in leftovers),
                 "active": len(found) - len(leftovers)}
 
-    def check(self, budget: int | None = None, deep: bool = False) -> list[str]:
-        """Every invariant violation, as one line each (empty list: the pool is consistent)."""
+    def check(self, budget: int | None = None) -> list[str]:
+        """Every invariant violation, as one line each (empty list: the pool is consistent). Every
+        blob is re-hashed; the bases' weights are checked by `bases.verify_weights`."""
         problems = []
         referenced = {}
         for digest, size in self.conn.execute("SELECT digest, bytes FROM blobs").fetchall():
@@ -502,8 +594,8 @@ class Store:
                 problems.append(f"missing blob sha256-{digest[:12]}")
             elif path.stat().st_size != size:
                 problems.append(f"blob sha256-{digest[:12]} has {path.stat().st_size} bytes, index says {size}")
-            elif deep and not self.blobs.verify(digest):
-                problems.append(f"blob sha256-{digest[:12]} content does not match its digest")
+            elif not self.blobs.verify(digest):   # adapters and eval sets: milliseconds each
+                problems.append(str(self.damaged(digest, "its bytes no longer match its sha256")).split(" (`")[0])
         for digest in self.blobs.digests():
             if digest not in referenced:
                 problems.append(f"orphan blob sha256-{digest[:12]} (not in the index)")
