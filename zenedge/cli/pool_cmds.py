@@ -178,6 +178,32 @@ def check_cmd(deep: bool, json_out: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+@pool.command("recover")
+@json_option
+def recover_cmd(json_out: bool) -> None:
+    """Rebuild a damaged or lost index from the stored files (the old one is kept aside; nothing is deleted)."""
+    from zenedge import paths
+    from zenedge.cli.daemon import find_daemon
+    from zenedge.errors import Unavailable
+    from zenedge.pool.recover import recover
+
+    cfg = load_config()
+    if find_daemon(cfg) is not None:   # it holds the old index open: it must not serve from it meanwhile
+        raise Unavailable("a zenedge daemon is serving this pool", hint="stop it with `zenedge stop`, then recover")
+    report = recover(paths.home(), cfg, say=(lambda line: None) if json_out else click.echo)
+    if json_out:
+        return print_json(report)
+    click.echo(f"recovered {len(report['profiles'])} profiles ({', '.join(report['profiles']) or 'none'}) and "
+               f"{len(report['bases'])} bases")
+    if report["lost_and_found"]:
+        click.echo(f"moved {len(report['lost_and_found'])} files nothing describes to "
+                   f"{paths.home() / 'lost+found'}: {', '.join(report['lost_and_found'])}")
+    for problem in report["problems"]:
+        click.echo(f"problem: {problem}")
+    if report["problems"]:
+        raise click.exceptions.Exit(1)
+
+
 @pool.command("maintain")
 @json_option
 def maintain_cmd(json_out: bool) -> None:

@@ -41,6 +41,11 @@ class WriterLock:
         finally:
             self._local.release()
 
+    @property
+    def depth(self) -> int:
+        """How deeply this process holds the lock now (0: not at all)."""
+        return self._depth
+
     def try_hold(self) -> bool:
         """Non-blocking probe used by start-up reconciliation: skip it if someone is writing."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)

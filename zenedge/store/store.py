@@ -32,6 +32,9 @@ from zenedge.store.migrations import migrate, pending_migrations
 from zenedge.store.owners import Downloads, collect_staging
 
 RATE_HALF_LIFE = 24 * 3600.0
+SNAPSHOT_NAME = "index-snapshot.json"   # `_write_snapshot`: the rows `zenedge pool recover` restores
+SNAPSHOT_FORMAT = "zenedge-index-snapshot/1"
+SNAPSHOT_TABLES = ("bases", "blobs", "adapters", "names", "merges")   # in foreign-key order
 DISK_MARGIN = 64 * 2**20      # free space a write must leave on the pool's disk (`ensure_disk_space`)  # a request counts half as much after a day
 
 
@@ -85,7 +88,9 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 class Store:
-    def __init__(self, home: Path, *, reconcile: bool = True):
+    def __init__(self, home: Path, *, reconcile: bool = True, trust: bool = True, index: str = "index.db"):
+        """`trust=False`, `index`: skip the index checks, use another file (`zenedge pool recover`
+        builds a new index beside the damaged one)."""
         self.home = Path(home)
         private_home(self.home)
         # A home we cannot write (a read-only mount, another user's files) still answers reads:
@@ -97,9 +102,10 @@ class Store:
             self.bases_dir.mkdir(exist_ok=True)
         self.downloads = Downloads(self.home)
         self.lock = WriterLock(self.home / "lock")
-        self.path = self.home / "index.db"
+        self.path = self.home / index
         self._local = threading.local()
-        self._trust_index()
+        if trust:
+            self._trust_index()
         if self.read_only:
             return
         if pending_migrations(self.conn):
@@ -115,15 +121,16 @@ class Store:
         one whose header is not SQLite's, one SQLite finds damaged. Nothing is changed then;
         `zenedge pool recover` rebuilds it from what the home holds."""
         hint = "`zenedge pool recover` rebuilds it from the stored files (the damaged one is kept aside)"
-        size = self.path.stat().st_size if self.path.exists() else 0
-        if size == 0:
-            blobs = sum(1 for _ in self.blobs.digests()) if self.blobs.dir.is_dir() else 0
-            bases = [p for p in self.bases_dir.iterdir()] if self.bases_dir.is_dir() else []
+        blobs = sum(1 for _ in self.blobs.digests())
+        bases = len(list(self.bases_dir.iterdir())) if self.bases_dir.is_dir() else 0
+
+        def refuse_as_empty(state: str) -> None:
             if blobs or bases:
-                state = "empty" if self.path.exists() else "missing"
                 raise StoreCorrupt(f"the pool's index {self.path} is {state}, but the home holds {blobs} blobs and "
-                                   f"{len(bases)} bases: refusing to treat the pool as empty", hint=hint)
-            return
+                                   f"{bases} bases: refusing to treat the pool as empty", hint=hint)
+
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return refuse_as_empty("empty" if self.path.exists() else "missing")
         with open(self.path, "rb") as handle:
             header = handle.read(len(SQLITE_HEADER))
         if header != SQLITE_HEADER:
@@ -137,6 +144,9 @@ class Store:
         if verdict != "ok":
             self.close()
             raise StoreCorrupt(f"the pool's index {self.path} is damaged ({verdict.splitlines()[0]})", hint=hint)
+        if not self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = '_migrations'").fetchone():
+            self.close()
+            refuse_as_empty("without the pool's tables")
 
     # -- connections ---------------------------------------------------------------------
     @property
@@ -186,7 +196,12 @@ class Store:
             raise PermissionDenied(f"the zenedge home {self.home} is not writable by you: the pool can be read, "
                                    "not changed", hint="fix its permissions, or set ZENEDGE_HOME to a home of yours")
         with self.lock.hold(timeout):
-            yield
+            changes = self.conn.total_changes
+            try:
+                yield
+            finally:
+                if self.conn.total_changes != changes and self.lock.depth == 1:
+                    self._write_snapshot()
 
     # -- reads (never take the writer lock) ------------------------------------------------
     def usage(self) -> Usage:
@@ -488,6 +503,45 @@ class Store:
         candidates = [a for a in self.adapters() if a["id"] not in pinned]
         return sorted(candidates, key=lambda a: (decayed_rate(a["request_rate"], a["rate_at"], now),
                                                  serving.get(a["id"], 0), a["last_used_at"], a["created_at"]))
+
+    # -- the snapshot `zenedge pool recover` restores from ------------------------------------
+    def _write_snapshot(self) -> None:
+        """The rows that describe the pool (bases, blobs, adapters, names, merges; not the event
+        log), written beside the index after every operation that changed it, atomically. Only
+        `recover` reads it: should the index be lost, what it held can be rebuilt with the blobs."""
+        path = self.home / SNAPSHOT_NAME
+        tmp = path.with_name(f".{SNAPSHOT_NAME}.{os.getpid()}.tmp")
+        try:
+            rows = {table: [dict(zip([c[0] for c in cursor.description], row)) for row in cursor.fetchall()]
+                    for table in SNAPSHOT_TABLES for cursor in [self.conn.execute(f"SELECT * FROM {table}")]}
+            text = json.dumps({"format": SNAPSHOT_FORMAT, "written_at": time.time(), "rows": rows})
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except (OSError, sqlite3.Error):
+            tmp.unlink(missing_ok=True)   # the commit stands; only the recovery copy is a step behind
+
+    def snapshot(self) -> dict[str, list[dict[str, Any]]] | None:
+        """The last snapshot's rows, or None when there is none (or it cannot be read)."""
+        try:
+            data = json.loads((self.home / SNAPSHOT_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data.get("rows") if isinstance(data, dict) and data.get("format") == SNAPSHOT_FORMAT else None
+
+    def restore(self, rows: dict[str, list[dict[str, Any]]], event: dict[str, Any]) -> None:
+        """Insert rows (a snapshot's, or rebuilt ones) into an index being rebuilt, in one
+        transaction, with a "recover" event; the caller holds the writer lock."""
+        with self.db.atomic():
+            for table in SNAPSHOT_TABLES:
+                for row in rows.get(table, ()):
+                    columns = list(row)
+                    self.conn.execute(f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) "
+                                      f"VALUES ({', '.join('?' * len(columns))})", [row[c] for c in columns])
+            self._drop_unnamed()
+            self._event("recover", None, None, event)
 
     # -- internals -------------------------------------------------------------------------
     def _insert_blob(self, digest: str, size: int, role: str, now: float) -> None:
