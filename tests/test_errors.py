@@ -68,3 +68,24 @@ def test_a_code_whose_class_is_not_loaded_keeps_its_family_exit_code_and_status(
 def test_a_class_with_a_code_outside_the_table_is_refused_where_it_is_declared():
     with pytest.raises(TypeError, match="not in zenedge.errors.ERRORS"):
         type("Stray", (errors.InvalidInput,), {"code": "stray_code"})
+
+
+def test_faults_of_the_machine_become_one_line_errors_with_their_own_codes():
+    import errno
+    import sqlite3
+
+    from zenedge.errors import from_environment
+
+    full = from_environment(OSError(errno.ENOSPC, "No space left on device", "/home/u/pool/blobs/x"))
+    assert (full.code, full.exit_code, full.http_status) == ("storage_full", 74, 507)
+    assert full.message == "no space left on the disk: /home/u/pool/blobs/x"
+    denied = from_environment(OSError(errno.EROFS, "Read-only file system", "/ro/home/lock"))
+    assert (denied.code, denied.exit_code) == ("permission_denied", 77)
+    assert denied.message == "read-only file system: /ro/home/lock"
+    assert from_environment(OSError(errno.EIO, "Input/output error")).code == "storage_error"
+    assert from_environment(sqlite3.DatabaseError("file is not a database")).code == "store_corrupt"
+    assert from_environment(sqlite3.OperationalError("attempt to write a readonly database")).code == "permission_denied"
+    assert from_environment(sqlite3.OperationalError("database or disk is full")).code == "storage_full"
+    assert from_environment(sqlite3.OperationalError("database is locked")).code == "store_busy"
+    assert from_environment(ValueError("a bug")) is None            # a bug keeps its traceback
+    assert from_environment(OSError("no errno")) is None

@@ -177,6 +177,8 @@ def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName
     (rate-weighted LRU, never pinned) or refuses, as `pool.on_no_merge` says. The result carries
     `profile`: where the time went (phases.py)."""
     phases = Phases(progress)
+    size = adapter.weights.stat().st_size + (entry.eval_path.stat().st_size if entry.eval_path else 0)
+    store.ensure_disk_space(size, f"storing {entry.name!r}")
     with store.writing():
         result = _store_adapter(store, cfg, adapter, entry, event, engine, phases)
     return {**result, "profile": phases.profile()}

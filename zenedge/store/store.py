@@ -137,9 +137,9 @@ class Store:
             raise StoreCorrupt(f"the pool's index {self.path} is not an SQLite database (damaged header)", hint=hint)
         try:
             verdict = self.conn.execute("PRAGMA quick_check").fetchone()[0]
+        except sqlite3.OperationalError:
+            raise                 # the machine's fault (I/O, a full disk, a lock): errors.from_environment says so
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-                raise
             verdict = str(exc)
         if verdict != "ok":
             self.close()
@@ -647,9 +647,9 @@ class Store:
             if not path.is_file():
                 problems.append(f"missing blob sha256-{digest[:12]}")
             elif path.stat().st_size != size:
-                problems.append(f"blob sha256-{digest[:12]} has {path.stat().st_size} bytes, index says {size}")
+                problems.append(self.damaged(digest, f"it has {path.stat().st_size} bytes, the index says {size}").message)
             elif not self.blobs.verify(digest):   # adapters and eval sets: milliseconds each
-                problems.append(str(self.damaged(digest, "its bytes no longer match its sha256")).split(" (`")[0])
+                problems.append(self.damaged(digest, "its bytes no longer match its sha256").message)
         for digest in self.blobs.digests():
             if digest not in referenced:
                 problems.append(f"orphan blob sha256-{digest[:12]} (not in the index)")
