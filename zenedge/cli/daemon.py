@@ -101,21 +101,45 @@ def start_daemon(cfg: Config, seconds: float, say: Callable[[str], None]) -> Dae
     return None
 
 
-def stop_daemon(cfg: Config, timeout: float = 60.0) -> dict | None:
-    """Ask the running daemon to stop and wait until it is gone; its answer (pid, grace), or None
-    when no daemon is running."""
-    client = find_daemon(cfg)
-    if client is None:
+def lingering_daemon(cfg: Config) -> int | None:
+    """The pid of a daemon of this home that no longer answers but has not exited: one finishing
+    its last pool job after a stop, or stuck. None when no such process lives."""
+    info = discovery.read_info(paths.home())
+    pid = (info or {}).get("pid")
+    if not isinstance(pid, int) or pid == os.getpid():
         return None
-    answer = client.stop()
-    socket_path = discovery.socket_for(cfg).path
-    deadline = time.monotonic() + max(timeout, answer.get("grace_seconds", 0) + 10)
-    while socket_path.exists() and time.monotonic() < deadline:  # removed as the daemon's last act
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass          # another user's process with our pid file: it lives
+    return pid
+
+
+def stop_daemon(cfg: Config, timeout: float = 60.0) -> dict | None:
+    """Ask the running daemon to stop and wait until its process has exited (it finishes requests
+    in flight within its grace period, and a pool job at its next safe point); its answer (pid,
+    grace), or None when no daemon is running. Unavailable when it is still finishing after
+    `timeout` seconds past its grace period."""
+    client = find_daemon(cfg)
+    if client is not None:
+        answer = client.stop()
+    else:
+        pid = lingering_daemon(cfg)
+        if pid is None:
+            return None
+        answer = {"pid": pid, "grace_seconds": 0.0}     # asked already: wait for it as well
+    pid = answer["pid"]
+    deadline = time.monotonic() + answer.get("grace_seconds", 0) + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return answer
         time.sleep(0.05)
-    if socket_path.exists():
-        raise Unavailable(f"the zenedge daemon (pid {answer['pid']}) is still shutting down",
-                          hint="it finishes the requests in flight first; try again in a moment")
-    return answer
+    raise Unavailable(f"the zenedge daemon (pid {pid}) is still finishing its last pool job",
+                      hint="it exits once that job reaches a safe point; `zenedge stop` again waits for it")
 
 
 def pull_through_daemon(client: DaemonClient, reference: str, progress=None) -> dict:

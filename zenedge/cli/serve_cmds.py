@@ -60,11 +60,16 @@ def stop(json_out: bool) -> None:
 @json_option
 def ps(json_out: bool) -> None:
     """What the running daemon holds: resident bases, cached variants, memory, queue, in-flight requests."""
-    from zenedge.cli.daemon import find_daemon
+    from zenedge.cli.daemon import find_daemon, lingering_daemon
     from zenedge.errors import Unavailable
 
-    daemon = find_daemon()
+    cfg = load_config()
+    daemon = find_daemon(cfg)
     if daemon is None:
+        pid = lingering_daemon(cfg)
+        if pid is not None:
+            raise Unavailable(f"the zenedge daemon (pid {pid}) is shutting down: it no longer takes requests",
+                              hint="`zenedge stop` waits for it to exit")
         raise Unavailable("no zenedge daemon is running", hint="start one with `zenedge serve`")
     status = daemon.ps()
     if json_out:

@@ -103,7 +103,8 @@ class Background:
             raise Conflict("pool maintenance is already running")
         self.running = True
         try:
-            result = await asyncio.to_thread(maintain, self.state.store, self.state.cfg, self.state.engine)
+            result = await self.state.jobs.run("pool maintenance",
+                                               lambda progress: maintain(self.state.store, self.state.cfg, self.state.engine))
             self.last_result, self.last_error = dict(result or {}), None
             return self.last_result
         except Exception as exc:

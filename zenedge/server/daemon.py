@@ -28,6 +28,7 @@ from zenedge.server import instance, listeners
 from zenedge.server.app import create_app
 from zenedge.server.background import Background
 from zenedge.server.idle import exit_when_idle
+from zenedge.server.pool_jobs import PoolJobs
 from zenedge.server.scheduler import Scheduler
 from zenedge.server.settings import Settings
 from zenedge.server.state import DaemonState
@@ -95,13 +96,16 @@ class Daemon:
             # finish_reason "cancelled" and [DONE] instead of a cut connection (uvicorn's own
             # deadline, a little later, is only the backstop).
             self._loop.call_later(self.settings.grace_seconds, scheduler.cancel_all)
+            self.state.jobs.close()                           # queued pool jobs are refused now,
+            self._loop.call_later(self.settings.grace_seconds, self.state.jobs.stop)  # the running one after the grace
 
     async def _serve(self) -> None:
         settings = self.settings
         store = Store(settings.home)
         engine = Engine(store, self.cfg, progress=lambda message: log.info("base: %s", message))
         scheduler = Scheduler(engine, max_queue=self.cfg.server.max_queue, max_batch=settings.max_batch)
-        self.state = state = DaemonState(settings, self.cfg, store, engine, scheduler, stop=self._begin_exit)
+        jobs = PoolJobs()
+        self.state = state = DaemonState(settings, self.cfg, store, engine, scheduler, jobs, stop=self._begin_exit)
         background = Background(state)
         app = create_app(state, background)
         unix = listeners.bind_unix(settings.socket, private_dir=settings.socket_is_default)
@@ -129,7 +133,8 @@ class Daemon:
         idle = None
         if settings.idle_exit_seconds > 0:
             idle = asyncio.create_task(exit_when_idle(state.activity, settings.idle_exit_seconds,
-                                                      lambda: background.running, self._begin_exit))
+                                                      lambda: background.running or jobs.current is not None,
+                                                      self._begin_exit))
         try:
             await server.serve(sockets=sockets)
         finally:
@@ -137,6 +142,8 @@ class Daemon:
                 if task is not None:
                     task.cancel()
             await asyncio.to_thread(scheduler.stop, settings.grace_seconds)
+            jobs.stop()
+            await asyncio.to_thread(jobs.join)                 # a commit under way finishes; then no pool work is left
             unix.remove()
             self._remove_info()
             log.info("stopped")

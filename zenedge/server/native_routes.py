@@ -59,12 +59,12 @@ def router(state: DaemonState, background: Background) -> APIRouter:
 
     @api.post("/api/rm", response_model=wire.RmResult)
     async def rm(body: wire.RmRequest) -> dict:
-        def remove() -> dict:
+        def remove(progress) -> dict:
             result = state.store.remove_name(body.name)
             state.sync_cache()
             return result
 
-        return await run_in_threadpool(remove)
+        return await state.jobs.run(f"rm {body.name}", remove)
 
     @api.get("/api/budget", response_model=wire.BudgetStatus)
     async def budget() -> dict:
@@ -72,7 +72,10 @@ def router(state: DaemonState, background: Background) -> APIRouter:
 
     @api.put("/api/budget", response_model=wire.BudgetPlan)
     async def set_budget(body: wire.BudgetRequest) -> dict:
-        plan = await run_in_threadpool(set_pool_budget, state.store, state.cfg, body.size, dry_run=body.dry_run)
+        def change(progress=None):
+            return set_pool_budget(state.store, state.cfg, body.size, dry_run=body.dry_run)
+
+        plan = await (run_in_threadpool(change) if body.dry_run else state.jobs.run(f"budget set {body.size}", change))
         if not body.dry_run:
             await background.reload()  # the new budget is in the file now: put it in force here too
             await run_in_threadpool(state.sync_cache)
@@ -95,13 +98,15 @@ def router(state: DaemonState, background: Background) -> APIRouter:
         name = ollama_routes.model_name(body.model) if ollama else body.name
         try:
             pull_fn = optional("zenedge.registry.pull", "pull", "pulling from a registry")
+            def job(progress) -> dict:
+                return pull_fn(state.store, state.cfg, name, progress=progress, engine=state.engine)
+
             if not body.stream:
-                result = await run_in_threadpool(lambda: pull_fn(state.store, state.cfg, name, engine=state.engine))
+                result = await state.jobs.run(f"pull {name}", job)
                 await run_in_threadpool(state.sync_cache)
                 return {**result, "status": "success"}
             error_line = ollama_routes.error_line if ollama else errors.stream_payload
-            return await _streamed_job(state, lambda progress: pull_fn(state.store, state.cfg, name, progress=progress,
-                                                                       engine=state.engine), error_line)
+            return await _streamed_job(state, f"pull {name}", job, error_line)
         except ZenedgeError as exc:
             if ollama:
                 return ollama_routes.error_response(exc)
@@ -122,10 +127,10 @@ def router(state: DaemonState, background: Background) -> APIRouter:
                                engine=state.engine, progress=progress)
 
         if not body.stream:
-            result = await run_in_threadpool(job)
+            result = await state.jobs.run(f"import {body.name}", job)
             await run_in_threadpool(state.sync_cache)
             return {**result, "status": "success"}
-        return await _streamed_job(state, job, errors.stream_payload)
+        return await _streamed_job(state, f"import {body.name}", job, errors.stream_payload)
 
     return api
 
@@ -149,9 +154,10 @@ def progress_line(update: dict[str, Any]) -> dict[str, Any]:
     return line
 
 
-async def _streamed_job(state: DaemonState, job: Callable[[Callable[[dict], None]], dict], error_line):
-    """Run a pull or an import (`job(progress)`) in a thread; its progress callbacks become NDJSON
-    lines. An error before the first progress line is an ordinary HTTP error; after it, a last
+async def _streamed_job(state: DaemonState, label: str, job: Callable[[Callable[[dict], None]], dict], error_line):
+    """Run a pull or an import (`job(progress)`) as a pool job (pool_jobs.py: one at a time, in
+    order; a waiting one says what it waits for); its progress callbacks become NDJSON lines. An
+    error before the first progress line is an ordinary HTTP error; after it, a last
     `error_line(exc)` line."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
@@ -160,17 +166,19 @@ async def _streamed_job(state: DaemonState, job: Callable[[Callable[[dict], None
         if update.get("status") != "success":  # the last line says success, with the whole result
             loop.call_soon_threadsafe(events.put_nowait, ("progress", progress_line(update)))
 
-    def run() -> None:
-        try:
-            # On the daemon's engine: a merge's quality gate reuses the resident base instead of
-            # loading another copy (the runtime keeps each thread's batch apart).
-            result = job(progress)
-            state.sync_cache()
-            loop.call_soon_threadsafe(events.put_nowait, ("done", dict(result)))
-        except BaseException as exc:
-            loop.call_soon_threadsafe(events.put_nowait, ("error", exc))
+    def run(job_progress) -> None:
+        # On the daemon's engine: a merge's quality gate reuses the resident base instead of
+        # loading another copy (the runtime keeps each thread's batch apart).
+        result = job(job_progress)
+        state.sync_cache()
+        return result
 
-    loop.run_in_executor(None, run)  # keeps going if the client leaves: it commits whole or not at all
+    def finished(future) -> None:
+        error = future.exception()
+        loop.call_soon_threadsafe(events.put_nowait, ("error", error) if error else ("done", dict(future.result())))
+
+    # It keeps going if the client leaves: it commits whole or not at all.
+    state.jobs.submit(label, run, progress).add_done_callback(finished)
     # Hold back "resolving" lines until the name resolves, so an unknown name is a plain 404.
     held = []
     kind, value = await events.get()

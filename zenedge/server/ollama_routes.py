@@ -206,7 +206,8 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
 
     @api.delete("/api/delete", responses={200: {"description": "removed (an empty body, as Ollama answers)"}})
     async def delete(body: wire.OllamaDeleteRequest) -> Response:
-        await run_in_threadpool(_delete, state, model_name(body.target))
+        name = model_name(body.target)
+        await state.jobs.run(f"delete {name}", lambda progress: _delete(state, name))
         return Response(status_code=200)
 
     @api.post("/api/chat", response_model=wire.OllamaChatResponse, response_model_exclude_none=True,

@@ -19,6 +19,7 @@ from zenedge.pool.budget import enforce_budget
 from zenedge.runtime.engine import Engine
 from zenedge.runtime.router import Route
 from zenedge.server.idle import Activity
+from zenedge.server.pool_jobs import PoolJobs
 from zenedge.server.scheduler import Scheduler
 from zenedge.server.settings import Settings
 from zenedge.store import Store
@@ -33,6 +34,7 @@ class DaemonState:
     store: Store
     engine: Engine
     scheduler: Scheduler
+    jobs: PoolJobs                                         # pool changes, one at a time (pool_jobs.py)
     started_at: float = field(default_factory=time.monotonic)
     activity: Activity = field(default_factory=Activity)   # requests in flight, for the idle exit
     stop: Callable[[], None] = lambda: None                # begin a graceful shutdown (POST /api/stop)
