@@ -135,3 +135,11 @@ def test_the_runtime_directory_is_private(tmp_path, monkeypatch):
     assert nested.parent == tmp_path / "zenedge"
     for directory in (nested, nested.parent):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1.0", "0.5", "1e12"])
+def test_keep_alive_is_zero_or_a_finite_span_of_at_least_a_second(tmp_path, value):
+    path = tmp_path / "config.toml"
+    path.write_text(f"[server]\nkeep_alive = {value}\n")
+    with pytest.raises(ConfigError, match="server.keep_alive"):
+        config.load(path)

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from zenedge.errors import InvalidInput
-from zenedge.sizes import format_size, parse_size
+from zenedge.sizes import MAX_SIZE, format_size, parse_size
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -19,10 +19,23 @@ def test_rejects_garbage_with_a_hint(text):
         parse_size(text)
 
 
-@given(st.integers(min_value=0, max_value=2**50))
+@given(st.integers(min_value=0, max_value=MAX_SIZE))
 def test_integers_round_trip(n):
     assert parse_size(str(n)) == n
     assert parse_size(f"{n}B") == n
+
+
+@given(st.integers(min_value=MAX_SIZE + 1, max_value=10**40))
+def test_sizes_above_a_petabyte_are_refused(n):
+    with pytest.raises(InvalidInput, match="more than 1 PB"):
+        parse_size(f"{n}B")
+
+
+def test_the_largest_size_is_one_petabyte():
+    assert parse_size("1PB") == MAX_SIZE
+    for text in ("99999999999999999999999TB", "1PiB", "1.000000001PB", 2**63):
+        with pytest.raises(InvalidInput, match="more than 1 PB"):
+            parse_size(text)
 
 
 def test_format_is_human():

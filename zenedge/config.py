@@ -38,6 +38,9 @@ def parse_budget(v: Any) -> int:
     return size
 
 
+MAX_SECONDS = 365 * 24 * 3600
+
+
 def _int_at_least(low: int) -> Callable[[Any], int]:
     def parse(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -53,9 +56,18 @@ def _fraction(v: Any) -> float:
 
 
 def _seconds(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise InvalidInput(f"expected a number of seconds ≥ 0, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_SECONDS:
+        raise InvalidInput(f"expected a number of seconds from 0 to {MAX_SECONDS:,} (a year), got {v!r}")
     return float(v)
+
+
+def parse_keep_alive(v: Any) -> float:
+    """How long an on-demand daemon waits idle: 0 (never start one), or from 1 second to a year
+    (a shorter wait would exit before the command that started it got its answer)."""
+    seconds = _seconds(v)
+    if 0 < seconds < 1:
+        raise InvalidInput(f"expected 0 (never start a daemon) or at least 1 second, got {v!r}")
+    return seconds
 
 
 def _merge_rank(v: Any) -> str | int:
@@ -145,7 +157,7 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = setting(_strings, ["tauri://localhost", "http://tauri.localhost",
                                                        "https://tauri.localhost"], "origins allowed by CORS")
     max_queue: int = setting(_int_at_least(1), 64, "queued generation requests before 503")
-    keep_alive: float = setting(_seconds, 300, "seconds a daemon that `pull`, `import` or `run` started "
+    keep_alive: float = setting(parse_keep_alive, 300, "seconds a daemon that `pull`, `import` or `run` started "
                                                "stays up with nothing to do (0: they never start one)")
 
 

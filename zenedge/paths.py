@@ -88,15 +88,14 @@ def keep_alive_from_env() -> float | None:
     value = os.environ.get("ZENEDGE_KEEP_ALIVE", "").strip()
     if not value:
         return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:  # also NaN
-        from zenedge.errors import InvalidInput
+    from zenedge.config import parse_keep_alive
+    from zenedge.errors import InvalidInput
 
-        raise InvalidInput(f"ZENEDGE_KEEP_ALIVE={value!r} is not a number of seconds >= 0")
-    return seconds
+    try:
+        return parse_keep_alive(float(value))
+    except (ValueError, InvalidInput) as exc:   # inf, nan, 1e400, 1e-9, "soon"
+        reason = str(exc) if isinstance(exc, InvalidInput) else "expected a number of seconds"
+        raise InvalidInput(f"ZENEDGE_KEEP_ALIVE={value!r}: {reason}") from None
 
 
 def threads_from_env() -> int | str | None:

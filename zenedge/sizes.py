@@ -10,10 +10,11 @@ from zenedge.errors import InvalidInput
 
 _UNITS = {
     "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15,
 }
+MAX_SIZE = 10**15   # 1 PB: no disk or memory budget is larger; anything above is a typo (and 2⁶³ overflows SQLite)
 _HINT = 'write e.g. "16GB", "16GiB", "500MB" or "123B"'
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
@@ -35,7 +36,7 @@ def parse_size(text: str | int | float) -> int:
     if isinstance(text, int):
         if text < 0:
             raise InvalidInput(f"invalid size {text}: must not be negative")
-        return text
+        return _at_most_max(text, text)
     match = _SIZE.fullmatch(str(text))
     unit = match.group(2).lower() if match else None
     if not match or unit not in _UNITS:
@@ -43,7 +44,13 @@ def parse_size(text: str | int | float) -> int:
     size = Decimal(match.group(1)) * _UNITS[unit]
     if size != size.to_integral_value():
         raise InvalidInput(f"invalid size {text!r}: {size.normalize():f} is not a whole number of bytes", hint=_HINT)
-    return int(size)
+    return _at_most_max(int(size), text)
+
+
+def _at_most_max(size: int, text) -> int:
+    if size > MAX_SIZE:
+        raise InvalidInput(f"invalid size {text!r}: more than 1 PB", hint="sizes go up to 1PB")
+    return size
 
 
 def format_size(n: int) -> str:

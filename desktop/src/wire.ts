@@ -251,6 +251,10 @@ export interface ModelList {
   data: Array<ModelCard>;
 }
 
+/** The body of a request that takes no fields: none at all, or `{}` (any field is refused: 422). */
+export interface NoFields {
+}
+
 export interface OllamaChatRequest {
   /** a profile or a base (`NAME:latest` = NAME) */
   model: string;

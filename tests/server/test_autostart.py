@@ -77,7 +77,7 @@ def test_an_invalid_keep_alive_is_a_one_line_error(tmp_path, tiny_base_dir):
     env = {"ZENEDGE_HOME": str(home), "ZENEDGE_CONFIG": str(config_path), "ZENEDGE_KEEP_ALIVE": "soon"}
     done = run_cli("run", "p0", "hi", env=env)
     assert done.returncode != 0
-    assert done.stderr == "error: ZENEDGE_KEEP_ALIVE='soon' is not a number of seconds >= 0\n"
+    assert done.stderr == "error: ZENEDGE_KEEP_ALIVE='soon': expected a number of seconds\n"
 
 
 def test_an_idle_daemon_exits_on_its_own_and_a_busy_one_does_not(tmp_path, tiny_base_dir):

@@ -185,3 +185,11 @@ def test_non_loopback_tcp_needs_allow_remote():
     assert settings.resolve(cfg, tcp="[::1]:0").tcp == ("::1", 0)
     with pytest.raises(InvalidInput):
         settings.parse_tcp("localhost")
+
+
+def test_native_routes_without_fields_refuse_bodies_they_do_not_understand(daemon):
+    with daemon.uds() as http:
+        assert http.post("/api/pool", json={"action": "nuke"}).status_code == 422
+        assert http.post("/api/stop", content=b"{{", headers={"content-type": "application/json"}).status_code == 400
+        assert http.post("/api/stop", json={"now": True}).status_code == 422
+        assert http.get("/health").status_code == 200          # none of them stopped it

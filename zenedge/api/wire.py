@@ -347,6 +347,10 @@ class Ps(BaseModel):
     threads: Threads | None = Field(None, description="torch's CPU threads and why (absent from older daemons)")
 
 
+class NoFields(Strict):
+    """The body of a request that takes no fields: none at all, or `{}` (any field is refused: 422)."""
+
+
 class RmRequest(Strict):
     name: str
 

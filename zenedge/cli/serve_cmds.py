@@ -18,7 +18,7 @@ from zenedge.sizes import format_size
               help="Seconds in-flight requests get to finish on SIGTERM/SIGINT.")
 @click.option("--config-poll", type=float, default=2.0, show_default=True,
               help="Seconds between checks of the config file for edits (0: reload on SIGHUP only).")
-@click.option("--idle-exit", type=click.FloatRange(min=0), default=0.0, show_default=True, metavar="SECONDS",
+@click.option("--idle-exit", type=click.FloatRange(min=0, max=365 * 24 * 3600), default=0.0, show_default=True, metavar="SECONDS",
               help="Exit after this many seconds without a request (0: never). `pull`, `import` and `run` start "
                    "daemons with server.keep_alive here.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",

@@ -41,7 +41,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
         return state.health()  # no I/O: a liveness probe must stay cheap
 
     @api.post("/api/stop", response_model=wire.Stopping)
-    async def stop() -> dict:
+    async def stop(body: wire.NoFields | None = None) -> dict:
         # After this reply is on its way: the shutdown stops accepting, then lets it (and every
         # other request in flight) finish within the grace period.
         asyncio.get_running_loop().call_soon(state.stop)
@@ -89,7 +89,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
         return {**status, "maintenance": background.info()}
 
     @api.post("/api/pool", response_model=wire.MaintainResult)
-    async def maintain() -> dict:
+    async def maintain(body: wire.NoFields | None = None) -> dict:
         return await background.maintain()
 
     @api.post("/api/pull", response_model=wire.PullResult, responses=NDJSON_DOC)

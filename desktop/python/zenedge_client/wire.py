@@ -332,6 +332,14 @@ class ModelList(_ModelListRequired, total=False):
     pass
 
 
+class _NoFieldsRequired(TypedDict):
+    """The body of a request that takes no fields: none at all, or `{}` (any field is refused: 422)."""
+
+
+class NoFields(_NoFieldsRequired, total=False):
+    pass
+
+
 class _OllamaChatRequestRequired(TypedDict):
     model: str
 
