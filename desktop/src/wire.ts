@@ -134,6 +134,21 @@ export interface CompletionRequest {
   prompt: string | Array<string>;
 }
 
+/** `zenedge compress` through the daemon: files on this machine, read by the daemon (Unix socket only). */
+export interface CompressRequest {
+  /** absolute path of the full fine-tune's directory */
+  finetuned: string;
+  name: string;
+  base?: string;
+  distill?: boolean;
+  steps?: number;
+  /** absolute path of an eval set */
+  eval?: string | null;
+  /** absolute path: keep the .bitdelta file here too */
+  output?: string | null;
+  stream?: boolean;
+}
+
 /** How a resident base's requests decode, decided by the functions the decode loop calls. */
 export interface DecodePath {
   /** "static", "dynamic", or "graphed" (CUDA: requests of 8 new tokens or more; shorter ones run static) */
@@ -234,6 +249,25 @@ export interface MaintenanceInfo {
   last_result: { [key: string]: unknown } | null;
   last_error: string | null;
   config_reloads: number;
+}
+
+/** `zenedge merge` through the daemon: the gate runs on its resident base. */
+export interface MergeRequest {
+  names: Array<string>;
+  method?: string;
+  /** keep the merge even if a member falls below pool.quality_threshold */
+  force?: boolean;
+  stream?: boolean;
+}
+
+export interface MergeResult {
+  status?: "success";
+  adapter_id: string;
+  members: Array<string>;
+  method: string;
+  retention: { [key: string]: number };
+  bytes: number;
+  [key: string]: unknown;
 }
 
 export interface ModelCard {
@@ -465,6 +499,18 @@ export interface OllamaVersion {
   version: string;
 }
 
+export interface PinRequest {
+  name: string;
+  /** false unpins */
+  pinned?: boolean;
+}
+
+export interface PinResult {
+  name: string;
+  adapter_id: string;
+  pinned: boolean;
+}
+
 export interface PoolEntry {
   name: string;
   kind: string;
@@ -485,6 +531,15 @@ export interface PoolEvent {
   detail: unknown;
 }
 
+export interface PoolJobsInfo {
+  /** the pool job running now, e.g. "pull coder" */
+  running: string | null;
+  /** jobs queued behind it */
+  waiting: number;
+  /** jobs finished (or failed) since the daemon started */
+  done: number;
+}
+
 export interface PoolList {
   models: Array<PoolEntry>;
 }
@@ -500,6 +555,8 @@ export interface PoolStatus {
   merges: number;
   events: Array<PoolEvent>;
   maintenance: MaintenanceInfo;
+  /** the daemon's pool work queue (absent from older daemons) */
+  jobs?: PoolJobsInfo | null;
 }
 
 /** zenedge's view of memory, plus Ollama's `models` list (what GET /api/ps answers Ollama clients). */

@@ -35,7 +35,8 @@ def test_schema_covers_every_endpoint_and_streamed_type():
     assert set(spec["paths"]) == {"/health", "/v1/models", "/v1/chat/completions", "/v1/completions",
                                   "/v1/embeddings", "/api/pull", "/api/list", "/api/ps", "/api/rm", "/api/budget",
                                   "/api/pool", "/api/tags", "/api/show", "/api/version", "/api/chat",
-                                  "/api/generate", "/api/embed", "/api/embeddings", "/api/delete", "/api/stop", "/api/import"}
+                                  "/api/generate", "/api/embed", "/api/embeddings", "/api/delete", "/api/stop", "/api/import",
+                                  "/api/pin", "/api/merge", "/api/compress"}
     schemas = spec["components"]["schemas"]
     assert {"ChatCompletionChunk", "PullProgress", "ErrorBody", "OllamaChatResponse", "OllamaGenerateResponse",
             "OllamaError"} <= set(schemas)

@@ -80,6 +80,29 @@ def test_rm_and_budget_set_go_through_the_daemon(fresh_daemon):
         assert len(http.get("/api/list").json()["models"]) == len(PROFILES) - 1
 
 
+def test_every_command_that_changes_the_pool_goes_through_the_running_daemon(fresh_daemon):
+    daemon = fresh_daemon()
+    env = {**daemon.env(), "ZENEDGE_KEEP_ALIVE": "0"}       # the daemon is found, none is started
+
+    def jobs_done(http) -> int:
+        return http.get("/api/pool").json()["jobs"]["done"]
+
+    with daemon.uds() as http:
+        steps = [(["pin", "p0"], "pinned p0\n"), (["unpin", "p0"], "unpinned p0\n"),
+                 (["merge", "p1", "p2", "--force", "--json"], None), (["pool", "maintain", "--json"], None),
+                 (["budget", "set", "1GiB"], None), (["rm", "p3"], None)]
+        for args, expected in steps:
+            before = jobs_done(http)
+            done = run_cli(*args, env=env, check=True)
+            assert expected is None or done.stdout == expected
+            assert jobs_done(http) == before + 1, args            # ran as one of the daemon's pool jobs
+        merged = {m["name"]: m["served_by"] for m in http.get("/api/list").json()["models"]}
+        assert merged["p1"] == merged["p2"] and "p3" not in merged
+        pinned = http.post("/api/pin", json={"name": "p0"}).json()
+        assert pinned["pinned"] is True and pinned["name"] == "p0"
+        assert http.post("/api/pin", json={"name": "p0", "forever": True}).status_code == 422
+
+
 def test_find_daemon(daemon, isolated_home, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_RUNTIME_DIR", "")
     cfg = config.load()
@@ -115,6 +138,8 @@ def test_client_request_bodies_fit_the_wire_contract():
     wire.RmRequest.model_validate({"name": "p0"})
     wire.BudgetRequest.model_validate({"size": "1GiB", "dry_run": False})
     wire.PullRequest.model_validate({"name": "writer", "stream": True})
+    wire.PinRequest.model_validate({"name": "p0", "pinned": False})
+    wire.MergeRequest.model_validate({"names": ["p0", "p1"], "method": "opcm", "force": False, "stream": True})
 
 
 def test_wire_errors_become_the_same_zenedge_errors():
@@ -152,3 +177,20 @@ def test_import_goes_through_the_daemon_and_only_over_its_socket(fresh_daemon, t
     missing = run_cli("import", str(tmp_path / "nowhere"), "--name", "other", "--base", "tiny", env=daemon.env())
     local = run_cli("import", str(tmp_path / "nowhere"), "--name", "other", "--base", "tiny")  # no daemon there
     assert (missing.returncode, missing.stderr) == (local.returncode, local.stderr) and missing.returncode == 2
+
+
+def test_compress_goes_through_the_daemon_and_only_over_its_socket(fresh_daemon, tmp_path, tiny_base_dir):
+    from tests.runtime.test_bitdelta_runtime import fine_tune_copy
+
+    daemon = fresh_daemon()
+    finetuned = fine_tune_copy(tiny_base_dir, tmp_path / "ft", seed=5)
+    env = {**daemon.env(), "ZENEDGE_KEEP_ALIVE": "0"}
+    with daemon.uds() as http:
+        before = http.get("/api/pool").json()["jobs"]["done"]
+        done = run_cli("compress", "--finetuned", str(finetuned), "--name", "full", "--base", "tiny", env=env, check=True)
+        assert done.stdout.startswith("stored full (bitdelta") and "compressing 100%" in done.stderr
+        assert http.get("/api/pool").json()["jobs"]["done"] == before + 1
+        assert {m["name"]: m["kind"] for m in http.get("/api/list").json()["models"]}["full"] == "bitdelta"
+    with daemon.tcp() as http:
+        refused = http.post("/api/compress", json={"finetuned": str(finetuned), "name": "again", "base": "tiny"})
+        assert refused.status_code == 403

@@ -198,6 +198,17 @@ class DaemonClient:
         """Like `pull`: progress dicts, the last with status "success" and the result (Unix socket only)."""
         return self._progress("/api/import", {"path": path, "name": name, "base": base, "eval": eval_path, "stream": True})
 
+    def pin(self, name: str, pinned: bool = True) -> dict:
+        return self._json("POST", "/api/pin", {"name": name, "pinned": pinned})
+
+    def merge(self, names: list[str], method: str, force: bool = False) -> Iterator[dict]:
+        """Like `pull`: progress dicts, the last with status "success" and the result."""
+        return self._progress("/api/merge", {"names": list(names), "method": method, "force": force, "stream": True})
+
+    def compress(self, **fields: Any) -> Iterator[dict]:
+        """Like `pull` (Unix socket only: the daemon reads the files; absolute paths)."""
+        return self._progress("/api/compress", {**fields, "stream": True})
+
     def pool(self) -> dict:
         return self._json("GET", "/api/pool")
 

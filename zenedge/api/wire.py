@@ -442,6 +442,49 @@ class PullResult(BaseModel):
     adapter_id: str
 
 
+class PinRequest(Strict):
+    name: str = Field(min_length=1, max_length=256)
+    pinned: bool = Field(True, description="false unpins")
+
+
+class PinResult(BaseModel):
+    name: str
+    adapter_id: str
+    pinned: bool
+
+
+class MergeRequest(Strict):
+    """`zenedge merge` through the daemon: the gate runs on its resident base."""
+
+    names: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(min_length=1, max_length=64)
+    method: str = Field("opcm", max_length=64)
+    force: bool = Field(False, description="keep the merge even if a member falls below pool.quality_threshold")
+    stream: bool = True
+
+
+class MergeResult(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    status: Literal["success"] = "success"
+    adapter_id: str
+    members: list[str]
+    method: str
+    retention: dict[str, float]
+    bytes: int
+
+
+class CompressRequest(Strict):
+    """`zenedge compress` through the daemon: files on this machine, read by the daemon (Unix socket only)."""
+
+    finetuned: str = Field(min_length=1, max_length=4096, description="absolute path of the full fine-tune's directory")
+    name: str = Field(min_length=1, max_length=256)
+    base: str = Field("smollm2-135m", min_length=1, max_length=256)
+    distill: bool = False
+    steps: int = Field(50, ge=1, le=100_000)
+    eval: str | None = Field(None, min_length=1, max_length=4096, description="absolute path of an eval set")
+    output: str | None = Field(None, min_length=1, max_length=4096, description="absolute path: keep the .bitdelta file here too")
+    stream: bool = True
+
+
 class PoolEvent(Reply):
     at: float
     kind: str
@@ -459,6 +502,12 @@ class MaintenanceInfo(Reply):
     config_reloads: int
 
 
+class PoolJobsInfo(Reply):
+    running: str | None = Field(description='the pool job running now, e.g. "pull coder"')
+    waiting: int = Field(description="jobs queued behind it")
+    done: int = Field(description="jobs finished (or failed) since the daemon started")
+
+
 class PoolStatus(BaseModel):
     budget_bytes: int
     used_bytes: int
@@ -470,6 +519,7 @@ class PoolStatus(BaseModel):
     merges: int
     events: list[PoolEvent]
     maintenance: MaintenanceInfo
+    jobs: PoolJobsInfo | None = Field(None, description="the daemon's pool work queue (absent from older daemons)")
 
 
 class MaintainResult(BaseModel):

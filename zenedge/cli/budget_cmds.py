@@ -49,19 +49,14 @@ def show(json_out: bool) -> None:
 @json_option
 def set_(size: str, dry_run: bool, json_out: bool) -> None:
     """Set B (e.g. 16GB, 16GiB, 500MB); below current use, evict unpinned adapters, least requested first."""
-    from zenedge.pool import set_budget
-    from zenedge.cli.daemon import DaemonBudgetPlan, find_daemon
+    from zenedge.cli.backend import backend
 
-    cfg = load_config()
-    daemon = find_daemon(cfg)  # through the daemon, the new budget is in force there at once
-    plan = (DaemonBudgetPlan.set_budget(daemon, size, dry_run) if daemon
-            else set_budget(open_store(), cfg, size, dry_run=dry_run))
+    plan = backend(load_config(), start=False).set_budget(size, dry_run)   # through a daemon: in force there at once
     if json_out:
-        return print_json({"budget_bytes": plan.budget, "used_before": plan.used_before,
-                           "used_after": plan.used_after, "evict": plan.names, "dry_run": dry_run})
+        return print_json({key: plan[key] for key in ("budget_bytes", "used_before", "used_after", "evict", "dry_run")})
     verb = "would evict" if dry_run else "evicted"
-    if plan.evict:
-        print_table([(", ".join(a["names"]), a["kind"], format_size(a["freed"])) for a in plan.evict],
+    if plan["evicted"]:
+        print_table([(", ".join(a["names"]), a["kind"], format_size(a["freed_bytes"])) for a in plan["evicted"]],
                     ["NAMES", "KIND", "FREES"], title=f"{verb} (least requested first)")
     prefix = "would set the budget to" if dry_run else "budget set to"
-    click.echo(f"{prefix} {format_size(plan.budget)}; used {format_size(plan.used_after)}")
+    click.echo(f"{prefix} {format_size(plan['budget_bytes'])}; used {format_size(plan['used_after'])}")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from zenedge.cli.context import load_config, open_store
+from zenedge.cli.context import load_config
 from zenedge.cli.output import json_option, print_json
 from zenedge.sizes import format_size
 
@@ -25,17 +25,16 @@ from zenedge.sizes import format_size
 def compress(base_name: str, finetuned: Path, name: str, distill: bool, steps: int, eval_set: Path | None,
              output: Path | None, json_out: bool) -> None:
     """Compress FINETUNED against BASE into packed signs + per-row scales, and store it."""
-    from zenedge.pool import compress_finetune
+    from zenedge.cli.backend import backend
 
-    cfg = load_config()
-    summary = compress_finetune(open_store(), cfg, finetuned, name, base=base_name, distill=distill, steps=steps,
-                                eval_path=eval_set, output=output, progress=None if json_out else _to_stderr,
-                                base_progress=_to_stderr)
+    pool = backend(load_config(), start=True)
+    summary = pool.compress(finetuned, name, base=base_name, distill=distill, steps=steps, eval_path=eval_set,
+                            output=output, progress=None if json_out else _to_stderr)
     if json_out:
         return print_json(summary)
     click.echo(f"stored {name} (bitdelta, {format_size(summary['bytes'])}; full delta "
                f"{format_size(summary.get('bytes_full', 0))}, ratio {summary.get('ratio', 0):.1f}×)")
 
 
-def _to_stderr(message: str) -> None:
-    click.echo(message, err=True)
+def _to_stderr(event: dict) -> None:
+    click.echo(event["status"], err=True)

@@ -142,32 +142,6 @@ def stop_daemon(cfg: Config, timeout: float = 60.0) -> dict | None:
                       hint="it exits once that job reaches a safe point; `zenedge stop` again waits for it")
 
 
-def pull_through_daemon(client: DaemonClient, reference: str, progress=None) -> dict:
-    """`zenedge pull` when a daemon is up: the same progress events and result as a local pull
-    (the stream's last line is the result, marked "success"), and a merge's gate runs on the
-    daemon's resident base instead of loading one in this process (~4 s of imports and weights)."""
-    return _result_of(client.pull(reference), progress)
-
-
-def import_through_daemon(client: DaemonClient, path, name: str, base: str | None, eval_path, progress=None) -> dict:
-    """`zenedge import` when a daemon is up, as `pull_through_daemon` (the daemon reads the files:
-    absolute paths, as this process resolves them)."""
-    events = client.import_(str(path.absolute()), name, base, str(eval_path.absolute()) if eval_path else None)
-    return _result_of(events, progress)
-
-
-def _result_of(events, progress) -> dict:
-    result: dict = {}
-    for event in events:
-        if event.get("status") == "success" and "adapter_id" in event:
-            result = {key: value for key, value in event.items() if key != "status"}
-        elif progress is not None:
-            progress(event)
-    if not result:
-        raise Unavailable("the zenedge daemon's stream ended without a result")
-    return result
-
-
 def run_through_daemon(client: DaemonClient, name: str, prompt: str, *, raw: bool, system: str | None,
                        max_tokens: int, temperature: float, top_p: float, seed: int | None,
                        stop: tuple[str, ...], json_out: bool) -> None:
@@ -196,17 +170,3 @@ def run_through_daemon(client: DaemonClient, name: str, prompt: str, *, raw: boo
                 sys.stdout.write(text)
                 sys.stdout.flush()
     sys.stdout.write("\n")
-
-
-class DaemonBudgetPlan:
-    """The daemon's answer to `budget set`, shaped like pool.budget.EvictionPlan for the CLI's printing."""
-
-    def __init__(self, answer: dict):
-        self.budget, self.used_before, self.used_after = (answer["budget_bytes"], answer["used_before"],
-                                                          answer["used_after"])
-        self.evict = [{"names": a["names"], "kind": a["kind"], "freed": a["freed_bytes"]} for a in answer["evicted"]]
-        self.names = answer["evict"]
-
-    @classmethod
-    def set_budget(cls, client: DaemonClient, size: str, dry_run: bool) -> "DaemonBudgetPlan":
-        return cls(client.set_budget(size, dry_run))

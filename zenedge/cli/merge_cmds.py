@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from zenedge.cli.context import load_config, open_store
+from zenedge.cli.context import load_config
 from zenedge.cli.output import json_option, print_json
 from zenedge.cli.progress import PoolProgress
 from zenedge.sizes import format_size
@@ -20,12 +20,13 @@ METHODS = ["opcm", "opcm-dense", "kmerge-linear", "ties", "dare", "dare-ties", "
 @json_option
 def merge(names: tuple[str, ...], method: str, force: bool, json_out: bool) -> None:
     """Merge the adapters serving NAMES into one that serves them all."""
-    from zenedge.pool import manual_merge
+    from zenedge.cli.backend import backend
 
+    pool = backend(load_config(), start=True)   # a daemon's resident base gates it
     if json_out:
-        return print_json(manual_merge(open_store(), load_config(), list(names), method, force=force))
+        return print_json(pool.merge(list(names), method, force))
     with PoolProgress() as display:
-        result = manual_merge(open_store(), load_config(), list(names), method, force=force, progress=display.update)
+        result = pool.merge(list(names), method, force, display.update)
     kept = ", ".join(f"{n} {r:.2f}" for n, r in result["retention"].items())
     click.echo(f"merged {', '.join(result['members'])} with {method} ({format_size(result['bytes'])}); "
                f"retention: {kept}")

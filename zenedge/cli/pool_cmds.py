@@ -60,24 +60,13 @@ def list_cmd(json_out: bool) -> None:
 @json_option
 def import_cmd(path: Path, name: str, base: str | None, eval_set: Path | None, json_out: bool) -> None:
     """Import a PEFT LoRA directory, or a .bitdelta file made by `zenedge compress`."""
-    from zenedge.cli.daemon import find_or_start_daemon
+    from zenedge.cli.backend import backend
 
-    cfg = load_config()
-    daemon = find_or_start_daemon(cfg, say=lambda line: click.echo(line, err=True))
-    if daemon is not None:  # the daemon's resident base gates a merge: no second load here
-        from zenedge.cli.daemon import import_through_daemon
-
-        def run(progress=None):
-            return import_through_daemon(daemon, path, name, base, eval_set, progress)
-    else:
-        from zenedge.pool import import_path
-
-        def run(progress=None):
-            return import_path(open_store(), cfg, path, name, base=base, eval_path=eval_set, progress=progress)
+    pool = backend(load_config(), start=True)   # a daemon's resident base gates a merge: no second load here
     if json_out:
-        return print_json(run())
+        return print_json(pool.import_(path, name, base, eval_set))
     with PoolProgress() as display:
-        result = run(display.update)
+        result = pool.import_(path, name, base, eval_set, display.update)
     echo_outcome(f"imported {result['name']} ({result['kind']}, {format_size(result['bytes'])})", result)
 
 
@@ -86,10 +75,9 @@ def import_cmd(path: Path, name: str, base: str | None, eval_set: Path | None, j
 @json_option
 def rm_cmd(name: str, json_out: bool) -> None:
     """Remove a profile (its adapter too, unless another name shares it)."""
-    from zenedge.cli.daemon import find_daemon
+    from zenedge.cli.backend import backend
 
-    daemon = find_daemon(load_config())  # through the daemon, its cached variant goes too
-    result = daemon.rm(name) if daemon else open_store().remove_name(name)
+    result = backend(load_config(), start=False).rm(name)   # through a daemon, its cached variant goes too
     if json_out:
         return print_json(result)
     click.echo(f"removed {name}; freed {format_size(result['freed_bytes'])}")
@@ -99,8 +87,9 @@ def rm_cmd(name: str, json_out: bool) -> None:
 @click.argument("name")
 def pin_cmd(name: str) -> None:
     """Never evict this profile's adapter under pressure."""
-    load_config()
-    open_store().set_pinned(name, True)
+    from zenedge.cli.backend import backend
+
+    backend(load_config(), start=False).pin(name, True)
     click.echo(f"pinned {name}")
 
 
@@ -108,8 +97,9 @@ def pin_cmd(name: str) -> None:
 @click.argument("name")
 def unpin_cmd(name: str) -> None:
     """Let this profile's adapter be evicted again under pressure."""
-    load_config()
-    open_store().set_pinned(name, False)
+    from zenedge.cli.backend import backend
+
+    backend(load_config(), start=False).pin(name, False)
     click.echo(f"unpinned {name}")
 
 
@@ -208,9 +198,9 @@ def recover_cmd(json_out: bool) -> None:
 @json_option
 def maintain_cmd(json_out: bool) -> None:
     """Reconcile, verify blobs, and bring the pool under the configured budget (merging first)."""
-    from zenedge.pool.maintain import maintain
+    from zenedge.cli.backend import backend
 
-    report = maintain(open_store(), load_config())
+    report = backend(load_config(), start=True).maintain()
     if json_out:
         return print_json(report)
     click.echo(f"merged: {len(report['merged'])}, evicted: {', '.join(report['evicted']) or 'none'}, "

@@ -31,26 +31,13 @@ def search(text: str, json_out: bool) -> None:
 @json_option
 def pull(reference: str, json_out: bool) -> None:
     """Download a profile (NAME or NAME:VERSION) into the pool, verified and resumable."""
-    from zenedge.cli.daemon import find_or_start_daemon
+    from zenedge.cli.backend import backend
 
-    cfg = load_config()
-    daemon = find_or_start_daemon(cfg, say=lambda line: click.echo(line, err=True))
-    if daemon is not None:  # the daemon's resident base gates a merge: no second load here
-        from zenedge.cli.daemon import pull_through_daemon
-
-        def run(progress=None):
-            return pull_through_daemon(daemon, reference, progress)
-    else:
-        from zenedge.registry.pull import pull as local_pull
-
-        store = open_store()
-
-        def run(progress=None):
-            return local_pull(store, cfg, reference, progress=progress)
+    pool = backend(load_config(), start=True)   # a daemon's resident base gates a merge: no second load here
     if json_out:
-        return print_json(run())
+        return print_json(pool.pull(reference))
     with PoolProgress() as display:
-        result = run(display.update)
+        result = pool.pull(reference, display.update)
     note = " (already up to date)" if result["up_to_date"] else ""
     echo_outcome(f"pulled {result['name']} {result['version']} ({result['kind']}, {format_size(result['bytes'])}){note}",
                  result)

@@ -62,8 +62,8 @@ def _merge_until_it_fits(store: Store, cfg: Config, engine) -> list[dict[str, An
         [name] = store.names_of(source["id"])
         merger = PoolMerger.for_base(store, cfg, source["base"], engine)
         row = store.name(name)
-        eval_path = store.verified_blob(row["eval_blob"]) if row.get("eval_blob") else None
-        incoming = Incoming(name, merger.factors(source), eval_path, dict(row.get("quality") or {}), key=source["id"])
+        incoming = Incoming(name, merger.factors(source), merger.eval_path(row), dict(row.get("quality") or {}),
+                            key=source["id"])
         candidates = [(c, sim) for c, sim in merger.candidates(incoming, source["base"]) if c["id"] != source["id"]]
         # Merging only shrinks the pool, so the commit may not be refused for being over B.
         merged = merger.merge_first_kept(incoming, source["base"], candidates, attempts=[],

@@ -142,8 +142,16 @@ class PoolMerger:
             pool = {key: self.factors(row) for key, row in rows.items()}
             return [(rows[key], sim) for key, sim in rank_by_similarity(incoming.factors, pool)]
 
-    def _eval_path(self, name_row: dict[str, Any]) -> Path | None:
-        return self.store.verified_blob(name_row["eval_blob"]) if name_row.get("eval_blob") else None
+    def eval_path(self, name_row: dict[str, Any]) -> Path | None:
+        """A profile's stored eval set; None (the gate's data-free proxy) when it is damaged on disk."""
+        digest = name_row.get("eval_blob")
+        if not digest:
+            return None
+        if not self.store.blobs.verify(digest):
+            self.phases.note(f"{name_row['name']}: eval set unusable (damaged on disk: its bytes no longer match its "
+                             "sha256); using the data-free proxy", "gate", member=name_row["name"])
+            return None
+        return self.store.blob_path(digest)
 
     def attempt(self, candidate: dict[str, Any], similarity: float, incoming: Incoming) -> Attempt:
         """Merge a LoRA `incoming` into `candidate` with low-rank OPCM (nothing stored yet) and gate it."""
@@ -266,7 +274,7 @@ class PoolMerger:
 
     def member(self, name: str, current: Variant | None, original: bool) -> Member:
         row = self.store.name(name)
-        return Member(name, self._eval_path(row), row.get("quality") or {}, current, original)
+        return Member(name, self.eval_path(row), row.get("quality") or {}, current, original)
 
     def keep_anchors(self, result: GateResult, exclude: str | None = None) -> None:
         """Anchors measured for stored profiles by a gate whose merge is not kept: stored now, so a
@@ -326,7 +334,8 @@ def member_entry(store: Store, name: str, quality: dict[str, Any] | None) -> New
     eval set was dropped here once, which silently moved every later gate of a merged member onto
     the data-free proxy.)"""
     row = store.name(name) or {}
-    eval_path = store.verified_blob(row["eval_blob"]) if row.get("eval_blob") else None
+    digest = row.get("eval_blob")
+    eval_path = store.blob_path(digest) if digest and store.blobs.verify(digest) else None   # (never a damaged copy)
     return NewName(name=name, version=row.get("version") or "", description=row.get("description") or "",
                    eval_path=eval_path, quality=quality or row.get("quality") or {}, origin=row.get("origin") or {})
 

@@ -1,4 +1,4 @@
-"""Native endpoints: /health and /api/{pull,import,list,ps,rm,budget,pool,stop}.
+"""Native endpoints: /health and /api/{pull,import,list,ps,rm,budget,pool,stop,pin,merge,compress}.
 
 Pool changes go through the same functions the CLI uses (Store, zenedge.pool, registry.pull),
 in a thread, and are followed by `sync_cache` so a removed or merged-away variant leaves memory too.
@@ -86,7 +86,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
     @api.get("/api/pool", response_model=wire.PoolStatus)
     async def pool() -> dict:
         status = await run_in_threadpool(_pool_status, state)
-        return {**status, "maintenance": background.info()}
+        return {**status, "maintenance": background.info(), "jobs": state.jobs.info()}
 
     @api.post("/api/pool", response_model=wire.MaintainResult)
     async def maintain(body: wire.NoFields | None = None) -> dict:
@@ -116,10 +116,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
     async def import_(body: wire.ImportRequest, request: Request):
         if not over_unix_socket(request.scope):  # it reads files: only for this machine's user
             raise Forbidden("/api/import reads files on the daemon's machine: use the Unix socket")
-        path, eval_path = Path(body.path), Path(body.eval) if body.eval else None
-        for given in (path, eval_path):
-            if given is not None and not given.is_absolute():
-                raise InvalidInput(f"{given}: give an absolute path (the daemon's working directory is not yours)")
+        path, eval_path = _absolute(body.path), _absolute(body.eval) if body.eval else None
         from zenedge.pool import import_path
 
         def job(progress=None) -> dict:
@@ -132,7 +129,58 @@ def router(state: DaemonState, background: Background) -> APIRouter:
             return {**result, "status": "success"}
         return await _streamed_job(state, f"import {body.name}", job, errors.stream_payload)
 
+    @api.post("/api/pin", response_model=wire.PinResult)
+    async def pin(body: wire.PinRequest) -> dict:
+        def change(progress) -> dict:
+            row = state.store.set_pinned(body.name, body.pinned)
+            return {"name": body.name, "adapter_id": row["id"], "pinned": bool(row["pinned"])}
+
+        return await state.jobs.run(f"{'pin' if body.pinned else 'unpin'} {body.name}", change)
+
+    @api.post("/api/merge", response_model=wire.MergeResult, responses=NDJSON_DOC)
+    async def merge(body: wire.MergeRequest):
+        from zenedge.pool import manual_merge
+
+        def job(progress=None) -> dict:
+            return manual_merge(state.store, state.cfg, body.names, body.method, force=body.force,
+                                engine=state.engine, progress=progress)
+
+        label = f"merge {', '.join(body.names)}"
+        if not body.stream:
+            result = await state.jobs.run(label, job)
+            await run_in_threadpool(state.sync_cache)
+            return {**result, "status": "success"}
+        return await _streamed_job(state, label, job, errors.stream_payload)
+
+    @api.post("/api/compress", response_model=wire.PullResult, responses=NDJSON_DOC)
+    async def compress(body: wire.CompressRequest, request: Request):
+        if not over_unix_socket(request.scope):  # it reads files: only for this machine's user
+            raise Forbidden("/api/compress reads files on the daemon's machine: use the Unix socket")
+        paths = {key: _absolute(value) for key, value in
+                 (("finetuned", body.finetuned), ("eval", body.eval), ("output", body.output)) if value}
+        from zenedge.pool import compress_finetune
+
+        def job(progress=None) -> dict:
+            def say(line: str) -> None:
+                if progress is not None:
+                    progress({"status": line, "phase": "compress"})
+            return compress_finetune(state.store, state.cfg, paths["finetuned"], body.name, base=body.base,
+                                     distill=body.distill, steps=body.steps, eval_path=paths.get("eval"),
+                                     output=paths.get("output"), progress=say, base_progress=say)
+
+        if not body.stream:
+            result = await state.jobs.run(f"compress {body.name}", job)
+            return {**result, "status": "success"}
+        return await _streamed_job(state, f"compress {body.name}", job, errors.stream_payload)
+
     return api
+
+
+def _absolute(value: str) -> Path:
+    path = Path(value)
+    if not path.is_absolute():
+        raise InvalidInput(f"{path}: give an absolute path (the daemon's working directory is not yours)")
+    return path
 
 
 def progress_line(update: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from zenedge.server.errors import ShuttingDown
 log = logging.getLogger("zenedge.server")
 Progress = Callable[[dict[str, Any]], None]
 # Progress events after which a job can still stop without changing the pool.
-STOPPABLE_PHASES = {"base", "load", "rank", "fold", "anchors", "gate"}
+STOPPABLE_PHASES = {"base", "load", "rank", "fold", "anchors", "gate", "compress"}
 STOPPABLE_STATUSES = {"resolving", "waiting", "downloading", "present", "verifying"}
 
 
@@ -43,6 +43,7 @@ class PoolJobs:
         self._queue: deque[_Job] = deque()
         self._changed = threading.Condition()
         self._current: _Job | None = None
+        self.done = 0
         self._closing = threading.Event()     # no new jobs
         self._stopping = threading.Event()    # the running job stops at its next safe point
         self._thread = threading.Thread(target=self._serve, name="zenedge-pool-jobs", daemon=True)
@@ -53,6 +54,11 @@ class PoolJobs:
         """The label of the job running now (what /api/pool reports)."""
         job = self._current
         return job.label if job else None
+
+    def info(self) -> dict[str, Any]:
+        """What GET /api/pool reports of the queue."""
+        with self._changed:
+            return {"running": self.current, "waiting": len(self._queue), "done": self.done}
 
     def submit(self, label: str, work: Callable[[Progress], Any], progress: Progress | None = None) -> Future:
         """Queue `work(progress)`; its Future holds the result or the error."""
@@ -107,6 +113,7 @@ class PoolJobs:
             finally:
                 with self._changed:
                     self._current = None
+                    self.done += 1
 
     def _guarded(self, job: _Job) -> Progress:
         """The job's progress callback, which stops it at a safe point once the daemon is closing."""

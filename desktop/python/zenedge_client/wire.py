@@ -183,6 +183,21 @@ class CompletionRequest(_CompletionRequestRequired, total=False):
     n: Union[Literal[1], None]
 
 
+class _CompressRequestRequired(TypedDict):
+    """`zenedge compress` through the daemon: files on this machine, read by the daemon (Unix socket only)."""
+    finetuned: str
+    name: str
+
+
+class CompressRequest(_CompressRequestRequired, total=False):
+    base: str
+    distill: bool
+    steps: int
+    eval: Union[str, None]
+    output: Union[str, None]
+    stream: bool
+
+
 class _DecodePathRequired(TypedDict):
     """How a resident base's requests decode, decided by the functions the decode loop calls."""
     stepper: str
@@ -308,6 +323,29 @@ class _MaintenanceInfoRequired(TypedDict):
 
 class MaintenanceInfo(_MaintenanceInfoRequired, total=False):
     pass
+
+
+class _MergeRequestRequired(TypedDict):
+    """`zenedge merge` through the daemon: the gate runs on its resident base."""
+    names: List[str]
+
+
+class MergeRequest(_MergeRequestRequired, total=False):
+    method: str
+    force: bool
+    stream: bool
+
+
+class _MergeResultRequired(TypedDict):
+    adapter_id: str
+    members: List[str]
+    method: str
+    retention: Dict[str, float]
+    bytes: int
+
+
+class MergeResult(_MergeResultRequired, total=False):
+    status: Literal['success']
 
 
 class _ModelCardRequired(TypedDict):
@@ -584,6 +622,24 @@ class OllamaVersion(_OllamaVersionRequired, total=False):
     pass
 
 
+class _PinRequestRequired(TypedDict):
+    name: str
+
+
+class PinRequest(_PinRequestRequired, total=False):
+    pinned: bool
+
+
+class _PinResultRequired(TypedDict):
+    name: str
+    adapter_id: str
+    pinned: bool
+
+
+class PinResult(_PinResultRequired, total=False):
+    pass
+
+
 class _PoolEntryRequired(TypedDict):
     name: str
     kind: str
@@ -612,6 +668,16 @@ class PoolEvent(_PoolEventRequired, total=False):
     pass
 
 
+class _PoolJobsInfoRequired(TypedDict):
+    running: Union[str, None]
+    waiting: int
+    done: int
+
+
+class PoolJobsInfo(_PoolJobsInfoRequired, total=False):
+    pass
+
+
 class _PoolListRequired(TypedDict):
     models: List["PoolEntry"]
 
@@ -634,7 +700,7 @@ class _PoolStatusRequired(TypedDict):
 
 
 class PoolStatus(_PoolStatusRequired, total=False):
-    pass
+    jobs: Union["PoolJobsInfo", None]
 
 
 class _PsRequired(TypedDict):
