@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
 import platform
 import random
 import signal
+import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -192,6 +195,211 @@ def streams_held(daemon: ProcessDaemon, count: int) -> Tally:
     return tally
 
 
+# -- the disk and the environment --------------------------------------------------------------
+
+def _one_line(result, code: int) -> bool:
+    lines = result.stderr.splitlines()
+    return (result.returncode == code and len(lines) == 1 and lines[0].startswith("error: ")
+            and "Traceback" not in result.stderr and "internal error" not in result.stderr)
+
+
+def _copy_home(bench: Bench, name: str) -> Path:
+    import shutil
+
+    copy = bench.root / "disk" / name
+    shutil.copytree(bench.home, copy, ignore=shutil.ignore_patterns("run", "lock", "daemon.lock"))
+    return copy
+
+
+def _blobs(home: Path) -> set[str]:
+    return {p.name for p in (home / "blobs").iterdir()} | {p.name for p in (home / "bases").iterdir()}
+
+
+@contextlib.contextmanager
+def _mounted(args: list[str], target: Path):
+    """A mount for the block (root only); None where this machine does not allow one."""
+    target.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", *args, str(target)], capture_output=True).returncode != 0:
+        yield None
+        return
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
+    """What the disk and the environment do to a pool: damaged or emptied indexes, damaged blobs, a
+    read-only home, a full disk, FIFOs and huge files where files are expected. Each is one error
+    line with its documented exit code (no traceback, no "internal error"), nothing is served from
+    damaged data, and nothing is deleted; `pool recover` then brings every profile back."""
+    import random as random_module
+
+    tally = Tally()
+
+    def case(label: str, ok: bool, lost: int = 0) -> None:
+        tally.add(ok, label, lost)
+        tally.detail[label.split(":")[0]] = tally.detail.get(label.split(":")[0], 0) + 1
+        log(f"disk fault: {label}: {'ok' if ok else 'FAILED'}")
+
+    names = sorted(row["name"] for row in json.loads(run_cli("list", "--json", env=bench.env(), check=True).stdout))
+    damages = {
+        "empty": lambda data: b"",
+        "garbage header": lambda data: b"not an sqlite db" + data[16:],
+        "truncated": lambda data: data[: len(data) // 3],
+        "random pages": lambda data: data[:4096] + random_module.Random(3).randbytes(len(data) - 4096),
+    }
+    for how, damage in list(damages.items())[:1 if quick else None]:
+        home = _copy_home(bench, f"index-{how.replace(' ', '-')}")
+        index = home / "index.db"
+        sqlite3.connect(index).execute("PRAGMA wal_checkpoint(TRUNCATE)").connection.close()
+        index.write_bytes(damage(index.read_bytes()))
+        for suffix in ("-wal", "-shm"):
+            index.with_name(index.name + suffix).unlink(missing_ok=True)
+        env = {**bench.env(), "ZENEDGE_HOME": str(home), "ZENEDGE_KEEP_ALIVE": "0"}
+        before = _blobs(home)
+        refused = all(_one_line(run_cli(*args, env=env), 65) for args in
+                      (["list"], ["budget", "show"], ["rm", "p0"], ["run", "p0", "hi"], ["pool", "check"]))
+        kept = _blobs(home) == before
+        recovered = run_cli("pool", "recover", "--json", env=env)
+        back = recovered.returncode == 0 and sorted(json.loads(recovered.stdout)["profiles"]) == names
+        case(f"index {how}: refused in one line by every command, nothing deleted, recovered", refused and kept and back,
+             lost=0 if kept else len(before - _blobs(home)))
+
+    home = _copy_home(bench, "blob-flipped")
+    env = {**bench.env(), "ZENEDGE_HOME": str(home), "ZENEDGE_KEEP_ALIVE": "0"}
+    from zenedge.store import Store
+
+    store = Store(home)
+    blob = store.blob_path(store.resolve("p1")["sha256"])
+    store.close()
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    served = run_cli("run", "p1", "hi", "--max-tokens", "2", env=env)
+    checked = run_cli("pool", "check", env=env)
+    case("damaged blob: refused by run, reported by pool check",
+         _one_line(served, 65) and "'p1'" in served.stderr and checked.returncode == 1 and "'p1' is damaged" in checked.stdout)
+    daemon = ProcessDaemon.start(home, bench.config_path)
+    try:
+        with daemon.uds() as http:
+            answer = http.post("/v1/chat/completions", json=chat_body("p1", "hi", max_tokens=2))
+            healthy = http.post("/v1/chat/completions", json=chat_body("p0", "hi", max_tokens=2)).status_code == 200
+        case("damaged blob through the daemon: an error naming it, others still served",
+             answer.status_code == 500 and answer.json()["error"]["code"] == "blob_damaged" and healthy)
+    finally:
+        daemon.signal(signal.SIGTERM)
+        daemon.wait(60)
+
+    fifo = bench.root / "disk" / "fifo"
+    os.mkfifo(fifo)
+    huge = bench.root / "disk" / "huge.jsonl"
+    with open(huge, "wb") as handle:
+        handle.truncate(2 << 30)
+    env = {**bench.env(), "ZENEDGE_KEEP_ALIVE": "0"}
+    started = time.monotonic()
+    refused = [_one_line(run_cli("import", str(fifo), "--name", "x", "--base", "tiny", env=env), 2),
+               _one_line(run_cli("import", bench.variants[0], "--name", "x", "--base", "tiny", "--eval", str(fifo),
+                                 env=env), 2),
+               _one_line(run_cli("import", bench.variants[0], "--name", "x", "--base", "tiny", "--eval", str(huge),
+                                 env=env), 2)]
+    case("FIFO and 2 GB eval set: refused from a stat", all(refused) and time.monotonic() - started < 60)
+    daemon = ProcessDaemon.start(bench.home, bench.config_path)
+    try:
+        with daemon.uds(timeout=30) as http:
+            answer = http.post("/api/import", json={"path": str(fifo), "name": "x", "stream": False})
+            health = http.get("/health", timeout=1.0)
+        case("FIFO through the daemon: 400, /health answers within 1 s",
+             answer.status_code == 400 and health.status_code == 200)
+    finally:
+        daemon.signal(signal.SIGTERM)
+        daemon.wait(60)
+
+    with _mounted(["--bind", str(bench.home)], bench.root / "disk" / "read-only") as view:
+        if view is not None and subprocess.run(["mount", "-o", "remount,ro,bind", str(view)]).returncode == 0:
+            env = {**bench.env(), "ZENEDGE_HOME": str(view), "ZENEDGE_KEEP_ALIVE": "0"}
+            reads = all(run_cli(*args, env=env).returncode == 0 for args in
+                        (["list"], ["budget", "show"], ["pool", "status"], ["pool", "check"],
+                         ["run", "p0", "hi", "--max-tokens", "2"]))
+            writes = all(_one_line(run_cli(*args, env=env), 77) for args in
+                         (["rm", "p0"], ["pin", "p0"], ["budget", "set", "1GB"], ["serve"],
+                          ["import", bench.variants[0], "--name", "x", "--base", "tiny"]))
+            case("read-only home: reads work, writes refused in one line", reads and writes)
+
+    with _mounted(["-t", "tmpfs", "-o", "size=8m", "tmpfs"], bench.root / "disk" / "small") as small:
+        if small is not None:
+            import shutil
+
+            shutil.copytree(bench.home, small / "home", ignore=shutil.ignore_patterns("run", "lock", "daemon.lock"))
+            env = {**bench.env(), "ZENEDGE_HOME": str(small / "home"), "ZENEDGE_KEEP_ALIVE": "0"}
+            with open(small / "filler", "wb") as handle:
+                handle.write(bytes(shutil.disk_usage(small).free - (1 << 20)))
+            margin = _one_line(run_cli("import", bench.variants[1], "--name", "x", "--base", "tiny", env=env), 74)
+            with open(small / "filler", "ab") as handle:
+                handle.write(bytes(max(0, shutil.disk_usage(small).free - 20_000)))
+            full = all(_one_line(run_cli(*args, env=env), 74) for args in
+                       (["base", "add", str(bench.tiny_base), "--name", "copy"], ["rm", "p0"]))
+            (small / "filler").unlink()
+            consistent = run_cli("pool", "check", env=env).returncode == 0
+            case("full disk: the margin check and a write that meets it, one line each; pool consistent",
+                 margin and full and consistent)
+    return tally
+
+
+def daemon_life(bench: Bench, log) -> Tally:
+    """The daemon as the README's flows meet it: `serve` takes over from a daemon a command started,
+    eight concurrent pulls queue instead of timing out, `stop` returns once the process is gone."""
+    import threading
+
+    tally = Tally()
+    env = {**bench.env(), "ZENEDGE_KEEP_ALIVE": "120"}
+    run_cli("run", "p0", "hi", "--max-tokens", "2", env=env, check=True)
+    from zenedge.api import discovery
+
+    on_demand = discovery.read_info(bench.home)["pid"]
+    served = ProcessDaemon.start(bench.home, bench.config_path)
+    try:
+        deadline = time.monotonic() + 60
+        while _alive(on_demand) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        tally.add(not _alive(on_demand) and served.process.poll() is None, "serve took over from the on-demand daemon")
+        log(f"daemon: serve took over from the on-demand one: {'ok' if tally.ok == tally.tried else 'FAILED'}")
+        outcomes = []
+
+        def pull(name: str) -> None:
+            with served.uds(timeout=600) as http:
+                answer = http.post("/api/pull", json={"name": name, "stream": False})
+            outcomes.append(answer.json().get("status") if answer.status_code == 200
+                            else answer.json().get("error", {}).get("code"))
+
+        with served.uds() as http:
+            for name in ("writer", "coder"):
+                http.post("/api/rm", json={"name": name})
+        threads = [threading.Thread(target=pull, args=(name,)) for name in ["writer", "coder", "writer-copy"] * 3][:8]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(600)
+        ok = len(outcomes) == 8 and set(outcomes) <= {"success", "budget_exceeded"}
+        tally.add(ok, f"8 concurrent pulls through one daemon: {outcomes}")
+        log(f"daemon: 8 concurrent pulls: {outcomes}")
+    finally:
+        stopped = run_cli("stop", env=bench.env())
+        gone = not _alive(served.process.pid) or served.process.poll() is not None
+        tally.add(stopped.returncode == 0 and gone, f"stop returned once the daemon exited: {stopped.stderr[-200:]}")
+        log(f"daemon: stop waited for the exit: {'ok' if gone else 'FAILED'}")
+        served.kill()
+    return tally
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 # -- bad input ---------------------------------------------------------------------------------
 
 def fingerprint(bench: Bench) -> tuple:
@@ -282,6 +490,14 @@ HTTP_CASES = [
     ("pull ../x", "POST", "/api/pull", {"name": "../x"}, 400, "invalid_name", "uds", {}),
     ("pull empty name", "POST", "/api/pull", {"name": ""}, 422, "invalid_request", "uds", {}),
     ("pull bad version", "POST", "/api/pull", {"name": "writer:9.9.9"}, 404, "profile_not_found", "uds", {}),
+    ("maintain with an action", "POST", "/api/pool", {"action": "nuke"}, 422, "invalid_request", "uds", {}),
+    ("stop with a malformed body", "POST", "/api/stop", b"{{", 400, "invalid_json", "uds", {}),
+    ("stop with a field", "POST", "/api/stop", {"now": True}, 422, "invalid_request", "uds", {}),
+    ("budget 1e23 TB", "PUT", "/api/budget", {"size": "99999999999999999999999TB"}, 400, "invalid_input", "uds", {}),
+    ("pin, extra field", "POST", "/api/pin", {"name": "p0", "forever": True}, 422, "invalid_request", "uds", {}),
+    ("import over TCP", "POST", "/api/import", {"path": "/tmp/x", "name": "x"}, 403, "forbidden", "tcp", {}),
+    ("compress over TCP", "POST", "/api/compress", {"finetuned": "/tmp/x", "name": "x"}, 403, "forbidden", "tcp", {}),
+    ("merge unknown", "POST", "/api/merge", {"names": ["ghost", "p0"]}, 404, "adapter_not_found", "uds", {}),
 ]
 
 
@@ -336,6 +552,8 @@ def cli_cases(bench: Bench) -> list[tuple[str, list[str], int, dict]]:
     bad_registry.mkdir(exist_ok=True)
     (bad_registry / "index.json").write_text(json.dumps(
         {"format": "zenedge-registry/1", "profiles": [{"name": "x", "size": "abc", "manifest": "x/manifest.json"}]}))
+    nan_keep_alive = root / "nan.toml"
+    nan_keep_alive.write_text("[server]\nkeep_alive = nan\n")
     bad_registry_cfg = root / "bad-registry.toml"
     bad_registry_cfg.write_text(f'[registry]\nurls = ["file://{bad_registry}"]\n')
     tiny = ["--base", "tiny"]  # the test pool's base (without it, import sets up the default real base first)
@@ -373,6 +591,12 @@ def cli_cases(bench: Bench) -> list[tuple[str, list[str], int, dict]]:
         ("broken config", ["list"], 2, {"ZENEDGE_CONFIG": str(broken_toml)}),
         ("budget = 1.5 in the config", ["list"], 2, {"ZENEDGE_CONFIG": str(float_budget)}),
         ("index size 'abc'", ["search"], 1, {"ZENEDGE_CONFIG": str(bad_registry_cfg)}),
+        ("budget set 99999999999999999999999TB", ["budget", "set", "99999999999999999999999TB"], 2, {}),
+        ("ZENEDGE_KEEP_ALIVE=inf", ["run", "p0", "hi"], 2, {"ZENEDGE_KEEP_ALIVE": "inf"}),
+        ("ZENEDGE_KEEP_ALIVE=1e400", ["pull", "writer"], 2, {"ZENEDGE_KEEP_ALIVE": "1e400"}),
+        ("ZENEDGE_KEEP_ALIVE=1e-9", ["run", "p0", "hi"], 2, {"ZENEDGE_KEEP_ALIVE": "1e-9"}),
+        ("keep_alive = nan in the config", ["list"], 2, {"ZENEDGE_CONFIG": str(nan_keep_alive)}),
+        ("ZENEDGE_THREADS=lots", ["run", "p0", "hi"], 2, {"ZENEDGE_THREADS": "lots"}),
     ]
 
 
@@ -432,6 +656,9 @@ def run(root: Path, *, writer_kills_n: int, daemon_kills_n: int, streams: int, c
             daemon.kill()
         daemon_log = daemon.process.stderr.read()[-4000:]
         results["bad_cli"] = bad_cli(bench, cli, log)
+        results["disk"] = disk_faults(bench, log, quick=not heavy)
+        if heavy:
+            results["daemon_life"] = daemon_life(bench, log)
         final = run_cli("pool", "check", "--deep", "--json", env=bench.env())
     check = json.loads(final.stdout) if final.stdout.strip() else {"ok": False, "problems": [final.stderr]}
     lost = sum(t.lost for t in results.values())
@@ -461,7 +688,8 @@ def table(report: dict) -> str:
         ("bad CLI inputs", r["bad_cli"], "one error: line, documented exit code, pool unchanged"),
         ("bad HTTP requests", r["bad_http"], "documented status and error code, daemon healthy"),
         ("concurrent streams", r["streams"], "each identical to its text alone"),
-    ]
+        ("disk and environment", r["disk"], "one error line each, nothing served from damage, nothing deleted"),
+    ] + ([("daemon life", r["daemon_life"], "takeover, 8 concurrent pulls, stop waits")] if "daemon_life" in r else [])
     lines = [f"{'what':<24} {'tried':>5} {'ok':>5} {'lost':>5}  detail"]
     for what, t, detail in rows:
         lines.append(f"{what:<24} {t['tried']:>5} {t['ok']:>5} {t['lost']:>5}  {detail}")

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from zenedge import paths
 from zenedge.errors import ConfigError, InvalidInput
+from zenedge.durations import parse_keep_alive, parse_seconds
 from zenedge.sizes import parse_size
 
 
@@ -38,9 +39,6 @@ def parse_budget(v: Any) -> int:
     return size
 
 
-MAX_SECONDS = 365 * 24 * 3600
-
-
 def _int_at_least(low: int) -> Callable[[Any], int]:
     def parse(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -53,21 +51,6 @@ def _fraction(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
         raise InvalidInput(f"expected a number between 0 and 1, got {v!r}")
     return float(v)
-
-
-def _seconds(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_SECONDS:
-        raise InvalidInput(f"expected a number of seconds from 0 to {MAX_SECONDS:,} (a year), got {v!r}")
-    return float(v)
-
-
-def parse_keep_alive(v: Any) -> float:
-    """How long an on-demand daemon waits idle: 0 (never start one), or from 1 second to a year
-    (a shorter wait would exit before the command that started it got its answer)."""
-    seconds = _seconds(v)
-    if 0 < seconds < 1:
-        raise InvalidInput(f"expected 0 (never start a daemon) or at least 1 second, got {v!r}")
-    return seconds
 
 
 def _merge_rank(v: Any) -> str | int:
@@ -135,7 +118,7 @@ class PoolSettings:
                                "evict; or refuse")
     slot_threshold: float = setting(_fraction, 0.0,
                                     "K-Merge++: take a free slot only if similarity to all < this (0 = off)")
-    maintain_interval: float = setting(_seconds, 600.0, "seconds between background maintenance runs (0 = off)")
+    maintain_interval: float = setting(parse_seconds, 600.0, "seconds between background maintenance runs (0 = off)")
 
 
 @dataclass(frozen=True)

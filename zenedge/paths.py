@@ -88,7 +88,7 @@ def keep_alive_from_env() -> float | None:
     value = os.environ.get("ZENEDGE_KEEP_ALIVE", "").strip()
     if not value:
         return None
-    from zenedge.config import parse_keep_alive
+    from zenedge.durations import parse_keep_alive
     from zenedge.errors import InvalidInput
 
     try:

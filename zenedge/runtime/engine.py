@@ -88,10 +88,10 @@ class Engine:
         if route.adapter is None:
             return None
         adapter = route.adapter
-        variant = self.cache.get(adapter["id"], lambda: self._load_variant(adapter, route.name), name=route.name)
+        variant = self.cache.get(adapter["id"], lambda: self._load_variant(adapter), name=route.name)
         return self.dense.prepare(variant, self.resident(route.base).model)   # hot BitDelta on CPU: dense weights
 
-    def _load_variant(self, adapter: dict[str, Any], name: str) -> Variant:
+    def _load_variant(self, adapter: dict[str, Any]) -> Variant:
         """A stored adapter in memory, from a blob that still matches its digest and holds finite
         numbers only: a damaged file is refused with one line naming the profile, never served."""
         path = self.store.verified_blob(adapter["sha256"])
