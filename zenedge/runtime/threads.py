@@ -153,7 +153,7 @@ class Policy:
 
     def __init__(self, setting: int | None, source: str, *, cap: int | None = None,
                  meter: LoadMeter | None = None, clock: Callable[[], float] = time.monotonic):
-        self.setting, self.source = setting, source
+        self.setting, self.source, self.cap = setting, source, cap
         self.cores, self.limited_by = usable_cores(cap)
         self._clock = clock
         self._meter = meter if meter is not None or setting is not None else LoadMeter(clock)
@@ -287,10 +287,11 @@ def configure(setting: int | str = "auto") -> Policy:
     else:
         source = "runtime.threads"
     count = None if setting == "auto" else int(setting)
+    cap = paths.omp_threads_from_env()
     with _policy_lock:
         current = _policy[0] if _policy else None
-        if current is None or (current.setting, current.source) != (count, source):
-            _policy[:] = [Policy(count, source, cap=paths.omp_threads_from_env())]
+        if current is None or (current.setting, current.source, current.cap) != (count, source, cap):
+            _policy[:] = [Policy(count, source, cap=cap)]
         return _policy[0]
 
 
