@@ -385,7 +385,7 @@ def daemon_life(bench: Bench, log) -> Tally:
         log(f"daemon: 8 concurrent pulls: {outcomes}")
     finally:
         stopped = run_cli("stop", env=bench.env())
-        gone = not _alive(served.process.pid) or served.process.poll() is not None
+        gone = not _alive(served.process.pid)
         tally.add(stopped.returncode == 0 and gone, f"stop returned once the daemon exited: {stopped.stderr[-200:]}")
         log(f"daemon: stop waited for the exit: {'ok' if gone else 'FAILED'}")
         served.kill()
@@ -393,11 +393,12 @@ def daemon_life(bench: Bench, log) -> Tally:
 
 
 def _alive(pid: int) -> bool:
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return True
 
 
 # -- bad input ---------------------------------------------------------------------------------

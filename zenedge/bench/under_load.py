@@ -5,8 +5,9 @@ What a user's daemon meets (runtime/threads.py says why it matters): the same wo
 every (background load, threads) pair, round after round, so that each ratio compares numbers
 taken minutes apart on the same machine:
 
-- decode: tokens/s of a 64-token greedy answer after its first token (the base, the CLI's path);
-- prefill: prompt tokens/s of a 512-token prompt (time to its first token);
+- decode: tokens/s of a 128-token greedy answer after its first token (the base, the CLI's path),
+  best of 3;
+- prefill: prompt tokens/s of a 512-token prompt (time to its first token), best of 3;
 - gate: rows/s of the quality gate scoring 48 rows (3 profiles × 8 examples × base and own
   adapter): what a merging pull spends its time on;
 - merging import: wall seconds of `zenedge import` of a LoRA with its eval set into a pool whose one
@@ -31,7 +32,8 @@ from zenedge.bench.pool import _serving, _zenedge
 
 SETTINGS = ("auto", 1)
 PROMPT_TOKENS = 512
-DECODE_TOKENS = 64
+DECODE_TOKENS = 128
+REPEATS = 3               # best of: a decode of 128 tokens is ~1 s, and this machine's noise is ±15 %
 GATE_PROFILES = ("csvx", "jsonx", "writer")
 GATE_EXAMPLES = 8
 IMPORTED = "csvx"          # imported into a pool whose one slot holds `writer`: the gate decides a merge
@@ -114,10 +116,10 @@ class _InProcess:
 
         short = self.prompt[:16]
         first_and_rest(short)                                    # warm-up
-        decode = min(first_and_rest(short)[1] for _ in range(2))
-        prefill = min(first_and_rest(self.prompt)[0] for _ in range(2))
+        decode = min(first_and_rest(short)[1] for _ in range(REPEATS))
+        prefill = min(first_and_rest(self.prompt)[0] for _ in range(REPEATS))
         self.gate.score(self.rows[:8])                           # warm-up
-        gate = min(_timed(self.gate.score, self.rows) for _ in range(2))
+        gate = min(_timed(self.gate.score, self.rows) for _ in range(2))   # best of 2
         return {"decode_tokens_per_s": (DECODE_TOKENS - 1) / decode, "prefill_tokens_per_s": PROMPT_TOKENS / prefill,
                 "gate_rows_per_s": len(self.rows) / gate}
 
