@@ -44,6 +44,7 @@ def run(*, load: int = 1, rounds: int = 2, log: Callable[[str], None] = print) -
     from zenedge.registry.sources import embedded_root
 
     profiles = embedded_root()
+    machine = _machine()          # before any measurement switches the thread policy
     with tempfile.TemporaryDirectory(prefix="zenedge-bench-load-") as tmp:
         env = {**os.environ, "ZENEDGE_HOME": f"{tmp}/home", "ZENEDGE_CONFIG": f"{tmp}/config.toml",
                "XDG_RUNTIME_DIR": f"{tmp}/run", "ZENEDGE_KEEP_ALIVE": "0"}
@@ -68,7 +69,7 @@ def run(*, load: int = 1, rounds: int = 2, log: Callable[[str], None] = print) -
                         log(f"round {round_ + 1}, {key}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()))
     medians = {key: {metric: statistics.median(r[metric] for r in rows) for metric in rows[0]}
                for key, rows in samples.items()}
-    return {"date": date.today().isoformat(), "machine": _machine(), "background_load": load, "rounds": rounds,
+    return {"date": date.today().isoformat(), "machine": machine, "background_load": load, "rounds": rounds,
             "samples": samples, "medians": medians, "ratios": _ratios(medians, load)}
 
 

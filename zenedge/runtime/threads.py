@@ -48,10 +48,11 @@ R = TypeVar("R")
 FREE_MARGIN = 0.2     # a core counts as free while other work takes less than this share of it
 REFRESH = 0.25        # seconds between readings of the load: ≥ 25 scheduler ticks per core
 RECENT = 0.25         # seconds a thread of ours counts as running forwards after its last one
-# libgomp (Linux torch) spins this many rounds (~0.5 ms here) before a worker sleeps (default
-# 300000, ~5x longer); LLVM's libomp (macOS) sleeps after KMP_BLOCKTIME ms (default 200).
-# Measured: sleeping at once (OMP_WAIT_POLICY=passive) made 2-thread scoring 19 % slower on a
-# quiet machine, this bounded spin costs nothing there (BENCHMARKS.md).
+# libgomp (Linux torch) spins this many rounds (well under a millisecond here) before an idle
+# worker sleeps (default 300000, 10x longer); LLVM's libomp (macOS) sleeps after KMP_BLOCKTIME ms
+# (default 200). On a quiet machine the three ways to wait score the gate's batches equally fast
+# (benchmarks/2026-12-02-openmp-wait.txt: 1.76 s bounded, 1.84 s passive, 1.87 s default, within
+# noise); a bounded spin keeps a quick hand-off between the regions of one op, and sleeps soon.
 OPENMP_ENVIRONMENT = {"GOMP_SPINCOUNT": "30000", "KMP_BLOCKTIME": "1"}
 
 
