@@ -11,6 +11,9 @@
 
 Every kernel sums a row of its input the same way whatever the other rows are, so a request
 decodes the same tokens alone as in a batch (torch's fp32 BLAS calls take other paths for one row).
+The kernels are single-threaded by design: a decode step is one call on one thread, with no
+barrier per operation for a core held by another process to stall (runtime/threads.py gives such
+steps one torch thread; parallelism across requests comes from batching their rows).
 
 Nothing here is required: where the CPU lacks AVX-512 BF16, no compiler is found, the build or
 a self-test fails, or ZENEDGE_NATIVE_KERNELS=0, `library()` is None and callers keep torch's own

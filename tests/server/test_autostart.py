@@ -16,11 +16,10 @@ from zenedge.api import discovery
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """Running (a zombie nobody reaped yet has exited)."""
+    from zenedge.cli.daemon import exited
+
+    return not exited(pid)
 
 
 def wait_gone(pid: int, timeout: float = 60.0) -> None:

@@ -141,8 +141,6 @@ def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int
           json_out: bool) -> None:
     """The K-Merge proof: every profile arrives in turn into K slots; normalised score S per method
     (zenedge = OPCM + quality gate, K-Merge as published, TIES, DARE, random slot)."""
-    import json
-
     from zenedge.bench import merge as merge_bench
 
     try:
@@ -152,12 +150,7 @@ def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int
                                  methods=[m.strip() for m in methods.split(",") if m.strip()], log=_progress)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if out is not None:
-        out.write_text(json.dumps(result, indent=2, default=str))
-    if json_out:
-        print_json(result)
-    else:
-        click.echo(merge_bench.table(result))
+    _report(result, out, json_out, merge_bench.table)
 
 
 @bench.command("pool")
@@ -173,21 +166,13 @@ def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int
 def pool(threads: int | None, background_load: int, first: str, mode: str, out: Path | None, json_out: bool) -> None:
     """The pool at interactive speed: a fresh home, the budget set to ~3.5 profiles, then `zenedge pull`
     of every LoRA profile of the registry, each a fresh CLI process: wall time per pull and what it did."""
-    import json
-
     from zenedge.bench import pool as pool_bench
-
     from zenedge.bench.load import background_load as held
 
     with held(background_load):
         result = pool_bench.run(threads=threads, first=first, mode=mode, log=_progress)
     result["background_load"] = background_load
-    if out is not None:
-        out.write_text(json.dumps(result, indent=2))
-    if json_out:
-        print_json(result)
-    else:
-        click.echo(pool_bench.table(result))
+    _report(result, out, json_out, pool_bench.table)
 
 
 @bench.command("load")
@@ -199,14 +184,18 @@ def pool(threads: int | None, background_load: int, first: str, mode: str, out: 
 def load(background_load: int, rounds: int, out: Path | None, json_out: bool) -> None:
     """Quiet vs busy in one run: decode, prefill, the gate's scoring and a merging import, with the
     thread policy's defaults and with one thread (a fresh home; about 6 minutes for 2 rounds here)."""
-    import json
-
     from zenedge.bench import under_load
 
-    result = under_load.run(load=background_load, rounds=rounds, log=_progress)
+    _report(under_load.run(load=background_load, rounds=rounds, log=_progress), out, json_out, under_load.table)
+
+
+def _report(result: dict, out: Path | None, json_out: bool, table) -> None:
+    """A benchmark's result: to `out` as JSON if asked, then as JSON or its table on stdout."""
+    import json
+
     if out is not None:
-        out.write_text(json.dumps(result, indent=2))
+        out.write_text(json.dumps(result, indent=2, default=str))
     if json_out:
         print_json(result)
     else:
-        click.echo(under_load.table(result))
+        click.echo(table(result))

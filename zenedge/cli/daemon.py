@@ -106,12 +106,12 @@ def lingering_daemon(cfg: Config) -> int | None:
     its last pool job after a stop, or stuck. None when no such process lives."""
     info = discovery.read_info(paths.home())
     pid = (info or {}).get("pid")
-    if not isinstance(pid, int) or pid == os.getpid() or _exited(pid):
+    if not isinstance(pid, int) or pid == os.getpid() or exited(pid):
         return None
     return pid
 
 
-def _exited(pid: int) -> bool:
+def exited(pid: int) -> bool:
     """Whether process `pid` is gone: absent, or a zombie its parent has not reaped yet (a desktop
     app's child that exited is done serving)."""
     import psutil
@@ -138,7 +138,7 @@ def stop_daemon(cfg: Config, timeout: float = 60.0) -> dict | None:
     pid = answer["pid"]
     deadline = time.monotonic() + answer.get("grace_seconds", 0) + timeout
     while time.monotonic() < deadline:
-        if _exited(pid):
+        if exited(pid):
             return answer
         time.sleep(0.05)
     raise Unavailable(f"the zenedge daemon (pid {pid}) is still finishing its last pool job",

@@ -160,8 +160,8 @@ class Policy:
         self._meter = meter if meter is not None or setting is not None else LoadMeter(clock)
         self._lock = threading.Lock()
         self._running: dict[int, float] = {}     # thread id → when its last forward ended (0: running now)
-        self._wide: Decision | None = None
-        self._decided_at = -math.inf
+        self._load = 0.0                         # other processes' cores' worth, as last read
+        self._read_at = -math.inf
         self._local = threading.local()
         self._pool = None                        # the lanes' threads, made on first use
         self._pool_size = 0
@@ -170,16 +170,16 @@ class Policy:
         return sum(1 for thread, ended in self._running.items()
                    if thread != me and (ended == 0 or now - ended < RECENT))
 
-    def wide(self, me: int | None = None) -> Decision:
-        """The count for prefill, scoring, embeddings and torch-kernel decode steps now."""
+    def wide(self) -> Decision:
+        """The count for prefill, scoring, embeddings and torch-kernel decode steps now, in this
+        thread (the other processes' load is re-read at most every REFRESH seconds; this
+        process's other running forwards are counted at every call)."""
         now = self._clock()
         with self._lock:
-            if self._wide is None or now - self._decided_at >= REFRESH:
-                load = self._meter.read() if self.setting is None else 0.0
-                lanes = self._other_lanes(threading.get_ident() if me is None else me, now)
-                self._wide = choose(self.cores, load, lanes, setting=self.setting, source=self.source)
-                self._decided_at = now
-            return self._wide
+            if self.setting is None and now - self._read_at >= REFRESH:
+                self._load, self._read_at = self._meter.read(), now
+            lanes = self._other_lanes(threading.get_ident(), now)
+        return choose(self.cores, self._load, lanes, setting=self.setting, source=self.source)
 
     def decide(self, single_step: bool) -> Decision:
         if getattr(self._local, "lane", False):

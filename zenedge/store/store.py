@@ -31,11 +31,11 @@ from zenedge.store.lock import WriterLock
 from zenedge.store.migrations import migrate, pending_migrations
 from zenedge.store.owners import Downloads, collect_staging
 
-RATE_HALF_LIFE = 24 * 3600.0
+RATE_HALF_LIFE = 24 * 3600.0  # a request counts half as much after a day
 SNAPSHOT_NAME = "index-snapshot.json"   # `_write_snapshot`: the rows `zenedge pool recover` restores
 SNAPSHOT_FORMAT = "zenedge-index-snapshot/1"
 SNAPSHOT_TABLES = ("bases", "blobs", "adapters", "names", "merges")   # in foreign-key order
-DISK_MARGIN = 64 * 2**20      # free space a write must leave on the pool's disk (`ensure_disk_space`)  # a request counts half as much after a day
+DISK_MARGIN = 64 * 2**20      # free space a write must leave on the pool's disk (`ensure_disk_space`)
 
 
 def private_home(home: Path) -> None:
@@ -121,10 +121,10 @@ class Store:
         one whose header is not SQLite's, one SQLite finds damaged. Nothing is changed then;
         `zenedge pool recover` rebuilds it from what the home holds."""
         hint = "`zenedge pool recover` rebuilds it from the stored files (the damaged one is kept aside)"
-        blobs = sum(1 for _ in self.blobs.digests())
-        bases = len(list(self.bases_dir.iterdir())) if self.bases_dir.is_dir() else 0
 
         def refuse_as_empty(state: str) -> None:
+            blobs = sum(1 for _ in self.blobs.digests())
+            bases = len(list(self.bases_dir.iterdir())) if self.bases_dir.is_dir() else 0
             if blobs or bases:
                 raise StoreCorrupt(f"the pool's index {self.path} is {state}, but the home holds {blobs} blobs and "
                                    f"{bases} bases: refusing to treat the pool as empty", hint=hint)
