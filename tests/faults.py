@@ -197,16 +197,17 @@ def streams_held(daemon: ProcessDaemon, count: int) -> Tally:
 
 # -- the disk and the environment --------------------------------------------------------------
 
-def _one_line(result, code: int) -> bool:
+def one_error_line(result, code: int) -> bool:
+    """A refused command as the README promises: exit `code`, one `error:` line, no traceback."""
     lines = result.stderr.splitlines()
     return (result.returncode == code and len(lines) == 1 and lines[0].startswith("error: ")
             and "Traceback" not in result.stderr and "internal error" not in result.stderr)
 
 
-def _copy_home(bench: Bench, name: str) -> Path:
+def _copy_home(bench: Bench, copy: Path) -> Path:
+    """The bench's pool copied to `copy` (without its daemon's socket and locks)."""
     import shutil
 
-    copy = bench.root / "disk" / name
     shutil.copytree(bench.home, copy, ignore=shutil.ignore_patterns("run", "lock", "daemon.lock"))
     return copy
 
@@ -216,7 +217,7 @@ def _blobs(home: Path) -> set[str]:
 
 
 @contextlib.contextmanager
-def _mounted(args: list[str], target: Path):
+def mounted(args: list[str], target: Path):
     """A mount for the block (root only); None where this machine does not allow one."""
     target.mkdir(parents=True, exist_ok=True)
     if subprocess.run(["mount", *args, str(target)], capture_output=True).returncode != 0:
@@ -250,7 +251,7 @@ def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
         "random pages": lambda data: data[:4096] + random_module.Random(3).randbytes(len(data) - 4096),
     }
     for how, damage in list(damages.items())[:1 if quick else None]:
-        home = _copy_home(bench, f"index-{how.replace(' ', '-')}")
+        home = _copy_home(bench, bench.root / "disk" / f"index-{how.replace(' ', '-')}")
         index = home / "index.db"
         sqlite3.connect(index).execute("PRAGMA wal_checkpoint(TRUNCATE)").connection.close()
         index.write_bytes(damage(index.read_bytes()))
@@ -258,7 +259,7 @@ def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
             index.with_name(index.name + suffix).unlink(missing_ok=True)
         env = {**bench.env(), "ZENEDGE_HOME": str(home), "ZENEDGE_KEEP_ALIVE": "0"}
         before = _blobs(home)
-        refused = all(_one_line(run_cli(*args, env=env), 65) for args in
+        refused = all(one_error_line(run_cli(*args, env=env), 65) for args in
                       (["list"], ["budget", "show"], ["rm", "p0"], ["run", "p0", "hi"], ["pool", "check"]))
         kept = _blobs(home) == before
         recovered = run_cli("pool", "recover", "--json", env=env)
@@ -266,7 +267,7 @@ def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
         case(f"index {how}: refused in one line by every command, nothing deleted, recovered", refused and kept and back,
              lost=0 if kept else len(before - _blobs(home)))
 
-    home = _copy_home(bench, "blob-flipped")
+    home = _copy_home(bench, bench.root / "disk" / "blob-flipped")
     env = {**bench.env(), "ZENEDGE_HOME": str(home), "ZENEDGE_KEEP_ALIVE": "0"}
     from zenedge.store import Store
 
@@ -279,7 +280,7 @@ def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
     served = run_cli("run", "p1", "hi", "--max-tokens", "2", env=env)
     checked = run_cli("pool", "check", env=env)
     case("damaged blob: refused by run, reported by pool check",
-         _one_line(served, 65) and "'p1'" in served.stderr and checked.returncode == 1 and "'p1' is damaged" in checked.stdout)
+         one_error_line(served, 65) and "'p1'" in served.stderr and checked.returncode == 1 and "'p1' is damaged" in checked.stdout)
     daemon = ProcessDaemon.start(home, bench.config_path)
     try:
         with daemon.uds() as http:
@@ -298,10 +299,10 @@ def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
         handle.truncate(2 << 30)
     env = {**bench.env(), "ZENEDGE_KEEP_ALIVE": "0"}
     started = time.monotonic()
-    refused = [_one_line(run_cli("import", str(fifo), "--name", "x", "--base", "tiny", env=env), 2),
-               _one_line(run_cli("import", bench.variants[0], "--name", "x", "--base", "tiny", "--eval", str(fifo),
+    refused = [one_error_line(run_cli("import", str(fifo), "--name", "x", "--base", "tiny", env=env), 2),
+               one_error_line(run_cli("import", bench.variants[0], "--name", "x", "--base", "tiny", "--eval", str(fifo),
                                  env=env), 2),
-               _one_line(run_cli("import", bench.variants[0], "--name", "x", "--base", "tiny", "--eval", str(huge),
+               one_error_line(run_cli("import", bench.variants[0], "--name", "x", "--base", "tiny", "--eval", str(huge),
                                  env=env), 2)]
     case("FIFO and 2 GB eval set: refused from a stat", all(refused) and time.monotonic() - started < 60)
     daemon = ProcessDaemon.start(bench.home, bench.config_path)
@@ -315,29 +316,28 @@ def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
         daemon.signal(signal.SIGTERM)
         daemon.wait(60)
 
-    with _mounted(["--bind", str(bench.home)], bench.root / "disk" / "read-only") as view:
+    with mounted(["--bind", str(bench.home)], bench.root / "disk" / "read-only") as view:
         if view is not None and subprocess.run(["mount", "-o", "remount,ro,bind", str(view)]).returncode == 0:
             env = {**bench.env(), "ZENEDGE_HOME": str(view), "ZENEDGE_KEEP_ALIVE": "0"}
             reads = all(run_cli(*args, env=env).returncode == 0 for args in
                         (["list"], ["budget", "show"], ["pool", "status"], ["pool", "check"],
                          ["run", "p0", "hi", "--max-tokens", "2"]))
-            writes = all(_one_line(run_cli(*args, env=env), 77) for args in
+            writes = all(one_error_line(run_cli(*args, env=env), 77) for args in
                          (["rm", "p0"], ["pin", "p0"], ["budget", "set", "1GB"], ["serve"],
                           ["import", bench.variants[0], "--name", "x", "--base", "tiny"]))
             case("read-only home: reads work, writes refused in one line", reads and writes)
 
-    with _mounted(["-t", "tmpfs", "-o", "size=8m", "tmpfs"], bench.root / "disk" / "small") as small:
+    with mounted(["-t", "tmpfs", "-o", "size=8m", "tmpfs"], bench.root / "disk" / "small") as small:
         if small is not None:
             import shutil
 
-            shutil.copytree(bench.home, small / "home", ignore=shutil.ignore_patterns("run", "lock", "daemon.lock"))
-            env = {**bench.env(), "ZENEDGE_HOME": str(small / "home"), "ZENEDGE_KEEP_ALIVE": "0"}
+            env = {**bench.env(), "ZENEDGE_HOME": str(_copy_home(bench, small / "home")), "ZENEDGE_KEEP_ALIVE": "0"}
             with open(small / "filler", "wb") as handle:
                 handle.write(bytes(shutil.disk_usage(small).free - (1 << 20)))
-            margin = _one_line(run_cli("import", bench.variants[1], "--name", "x", "--base", "tiny", env=env), 74)
+            margin = one_error_line(run_cli("import", bench.variants[1], "--name", "x", "--base", "tiny", env=env), 74)
             with open(small / "filler", "ab") as handle:
                 handle.write(bytes(max(0, shutil.disk_usage(small).free - 20_000)))
-            full = all(_one_line(run_cli(*args, env=env), 74) for args in
+            full = all(one_error_line(run_cli(*args, env=env), 74) for args in
                        (["base", "add", str(bench.tiny_base), "--name", "copy"], ["rm", "p0"]))
             (small / "filler").unlink()
             consistent = run_cli("pool", "check", env=env).returncode == 0
@@ -393,12 +393,9 @@ def daemon_life(bench: Bench, log) -> Tally:
 
 
 def _alive(pid: int) -> bool:
-    import psutil
+    from zenedge.cli.daemon import exited
 
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return not exited(pid)
 
 
 # -- bad input ---------------------------------------------------------------------------------
@@ -607,9 +604,7 @@ def bad_cli(bench: Bench, limit: int | None, log) -> Tally:
     cases = cli_cases(bench)
     for label, argv, code, env in cases[:limit] if limit else cases:
         result = run_cli(*argv, env={**bench.env(), **env})
-        lines = result.stderr.splitlines()
-        ok = (result.returncode == code and len(lines) == 1 and lines[0].startswith("error: ")
-              and "Traceback" not in result.stderr)
+        ok = one_error_line(result, code)
         tally.add(ok, f"{label}: expected exit {code}, got {result.returncode}: {result.stderr[-300:]!r}")
         log(f"bad CLI input {tally.tried}: {label}: {'ok' if ok else 'FAILED'}")
     tally.add(fingerprint(bench) == before, "pool unchanged after the bad CLI inputs")

@@ -14,26 +14,21 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.faults import mounted, one_error_line
 from tests.server.harness import ThreadDaemon, make_home, one_torch_thread
 
 
 @contextlib.contextmanager
-def mounted(args: list[str], target: Path):
+def mount(args: list[str], target: Path):
     """A mount for the test's life (root only: skipped where the sandbox does not allow it)."""
-    target.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", *args, str(target)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount here: {done.stderr.strip()}")
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], capture_output=True)
+    with mounted(args, target) as where:
+        if where is None:
+            pytest.skip("mounts are not allowed here")
+        yield where
 
 
 def one_line(done: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
-    assert done.returncode == code, (done.returncode, done.stderr)
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
-    assert "Traceback" not in done.stderr
+    assert one_error_line(done, code), (done.returncode, done.stderr)
     for fragment in fragments:
         assert fragment in done.stderr, done.stderr
 
@@ -48,7 +43,7 @@ def home(tmp_path, tiny_base_dir):
 
 def test_a_read_only_home_reads_and_refuses_writes_in_one_line(home, tmp_path, lora_factory):
     real, _, env = home
-    with mounted(["--bind", str(real)], tmp_path / "view") as view:
+    with mount(["--bind", str(real)], tmp_path / "view") as view:
         subprocess.run(["mount", "-o", "remount,ro,bind", str(view)], check=True)
         env = {**env, "ZENEDGE_HOME": str(view)}
         listed = run_cli("list", "--json", env=env, check=True)
@@ -65,7 +60,7 @@ def test_a_read_only_home_reads_and_refuses_writes_in_one_line(home, tmp_path, l
 
 def test_a_full_disk_is_one_line_and_the_pool_stays_consistent(home, tmp_path, lora_factory, tiny_base_dir):
     real, config_path, env = home
-    with mounted(["-t", "tmpfs", "-o", "size=8m", "tmpfs"], tmp_path / "small") as small:
+    with mount(["-t", "tmpfs", "-o", "size=8m", "tmpfs"], tmp_path / "small") as small:
         shutil.copytree(real, small / "home")
         env = {**env, "ZENEDGE_HOME": str(small / "home")}
         filler = small / "filler"

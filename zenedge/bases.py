@@ -20,6 +20,7 @@ from zenedge.adapters.safetensors_file import read_header
 from zenedge.errors import BaseNotFound, InvalidInput, Unavailable
 from zenedge.names import check_name
 from zenedge.store import Store
+from zenedge.store.blobs import sha256_of
 
 DEFAULT_BASE = "smollm2-135m"
 DEFAULT_BASE_ALIASES = ["HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2"]
@@ -43,12 +44,7 @@ def weights_files(directory: Path) -> list[Path]:
     return files
 
 
-def file_sha256(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            hasher.update(chunk)
-    return hasher.hexdigest()
+file_sha256 = sha256_of
 
 
 def weights_sha256(directory: Path) -> str:

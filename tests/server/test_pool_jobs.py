@@ -17,19 +17,19 @@ from zenedge.server.pool_jobs import PoolJobs
 
 def test_jobs_run_one_at_a_time_in_order_and_waiting_ones_hear_why():
     jobs = PoolJobs()
-    release, order, heard = threading.Event(), [], {}
+    started, release, order, heard = threading.Event(), threading.Event(), [], {}
 
     def job(name):
         def work(progress):
             order.append(name)
             if name == "first":
+                started.set()
                 release.wait(10)
             return name
         return work
 
     first = jobs.submit("pull first", job("first"))
-    while jobs.current != "pull first":
-        pass
+    assert started.wait(10) and jobs.current == "pull first"
     later = [jobs.submit(f"pull {n}", job(n), progress=lambda e, n=n: heard.setdefault(n, []).append(e["status"]))
              for n in ("second", "third")]
     release.set()

@@ -29,7 +29,8 @@ def filled(store, lora_factory, cfg, tmp_path):
 
 
 def files(home) -> set[str]:
-    return {str(p.relative_to(home)) for p in home.rglob("*") if p.is_file() and "blobs" in p.parts or "bases" in p.parts}
+    """The blobs and the bases' files: what a bad reconcile would delete."""
+    return {str(p.relative_to(home)) for folder in ("blobs", "bases") for p in (home / folder).rglob("*") if p.is_file()}
 
 
 def damage(path, how: str) -> None:

@@ -101,7 +101,7 @@ def start_daemon(cfg: Config, seconds: float, say: Callable[[str], None]) -> Dae
     return None
 
 
-def lingering_daemon(cfg: Config) -> int | None:
+def lingering_daemon() -> int | None:
     """The pid of a daemon of this home that no longer answers but has not exited: one finishing
     its last pool job after a stop, or stuck. None when no such process lives."""
     info = discovery.read_info(paths.home())
@@ -131,7 +131,7 @@ def stop_daemon(cfg: Config, timeout: float = 60.0) -> dict | None:
     if client is not None:
         answer = client.stop()
     else:
-        pid = lingering_daemon(cfg)
+        pid = lingering_daemon()
         if pid is None:
             return None
         answer = {"pid": pid, "grace_seconds": 0.0}     # asked already: wait for it as well

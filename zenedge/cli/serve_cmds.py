@@ -66,7 +66,7 @@ def ps(json_out: bool) -> None:
     cfg = load_config()
     daemon = find_daemon(cfg)
     if daemon is None:
-        pid = lingering_daemon(cfg)
+        pid = lingering_daemon()
         if pid is not None:
             raise Unavailable(f"the zenedge daemon (pid {pid}) is shutting down: it no longer takes requests",
                               hint="`zenedge stop` waits for it to exit")

@@ -1,21 +1,22 @@
 """`zenedge pool recover`: rebuild a damaged, emptied or missing index from what the home holds.
 
-Nothing is deleted. The old index (and its -wal/-shm files) is kept aside as
-`index.db.damaged-<time>`; a fresh one is made, and filled, in this order:
+Nothing is deleted. A fresh index is built beside the old one (`index.db.rebuilding`), under
+the writer lock, and renamed into place; the old one (and its -wal/-shm files) is kept aside as
+`index.db.damaged-<time>`. Until the rename, other processes meet the damaged index and refuse
+it; they never meet an empty index beside the blobs (start-up would delete them as orphans).
 
 1. bases: the rows of the last snapshot (store.SNAPSHOT_NAME, written after every change) whose
    directories are there; other directories under bases/ are registered from their files (the
    default base under its pinned identity);
 2. adapters and names: the snapshot's rows whose blobs are there and still match their digests;
-3. blobs the snapshot does not explain: profiles of the embedded registry whose files they are
-   (matched by sha256) are imported again from them;
-4. whatever is left (a damaged blob, an adapter no snapshot or registry describes) is moved to
-   `lost+found/` in the home, and listed.
+3. every other blob (one no row describes, or a damaged one) is moved to `lost+found/` in the
+   home before the rename;
+4. then profiles of the embedded registry whose files are in `lost+found/` (matched by sha256)
+   are imported again from them, and their files leave it; what stays there is listed.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -27,7 +28,7 @@ from zenedge import bases
 from zenedge.config import Config
 from zenedge.errors import ZenedgeError
 from zenedge.store import Store
-from zenedge.store.blobs import PREFIX
+from zenedge.store.blobs import PREFIX, sha256_of
 from zenedge.store.store import SNAPSHOT_TABLES
 
 
@@ -153,8 +154,7 @@ def _from_registry(store: Store, cfg: Config, found: Path, say) -> list[str]:
 
 
 def _intact(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest() == path.name[len(PREFIX):]
+    return sha256_of(path) == path.name[len(PREFIX):]
 
 
 def _lost_and_found(store: Store, digests: list[str]) -> list[str]:

@@ -40,6 +40,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -112,7 +113,7 @@ def usable_cores(cap: int | None = None) -> tuple[int, str]:
 def _cgroup_quota() -> int | None:
     """A cgroup v2 CPU quota in whole cores (rounded up), where one is set (containers)."""
     try:
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
     except (OSError, ValueError):
         return None
     return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
@@ -260,8 +261,8 @@ class Policy:
 
     def report(self, single_step: bool | None = None) -> dict:
         """What `doctor` and /api/ps show: the setting, the cores, and the counts in use now (a
-        fresh process first reads the load for REFRESH seconds)."""
-        if self._meter is not None:
+        process that never read the load reads it over REFRESH seconds first: `doctor`)."""
+        if self._meter is not None and self._read_at == -math.inf:
             time.sleep(max(0.0, REFRESH - self._meter.age()))
         wide = self.wide()
         out = {"setting": "auto" if self.setting is None else self.setting, "source": self.source,

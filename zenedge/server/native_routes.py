@@ -54,7 +54,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
     @api.get("/api/ps", response_model=wire.Ps)
     async def ps() -> dict:
         running = await run_in_threadpool(ollama_models.running, state.store, state.engine)
-        return {"models": running, **state.engine.ps(), "scheduler": state.scheduler.stats(),
+        return {"models": running, **await run_in_threadpool(state.engine.ps), "scheduler": state.scheduler.stats(),
                 "rss_bytes": psutil.Process().memory_info().rss, "uptime_seconds": state.uptime}
 
     @api.post("/api/rm", response_model=wire.RmResult)

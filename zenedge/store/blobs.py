@@ -23,6 +23,12 @@ CHUNK = 1 << 20
 PREFIX = "sha256-"
 
 
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file's bytes, hex."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename inside `path` durable (POSIX: the directory entry lives in the directory)."""
     fd = os.open(path, os.O_RDONLY)
@@ -127,10 +133,7 @@ class BlobStore:
     def verify(self, digest: str) -> bool:
         """Whether the blob is there, a regular file, and its bytes still hash to its name."""
         path = self.path(digest)
-        if not path.is_file():
-            return False
-        with open(path, "rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest() == digest
+        return path.is_file() and sha256_of(path) == digest
 
     def copy_out(self, digest: str, dest: Path) -> None:
         shutil.copyfile(self.path(digest), dest)
