@@ -128,6 +128,9 @@ class RuntimeSettings:
     weights: str = setting(_choice("auto", "full", "int8", "int4"), "auto",
                            'CPU matmul weights: "full" or weight-only "int8" / "int4" copies')
     cache_budget: int = setting(_size, "2GiB", "memory for cached variants")
+    bitdelta_dense: str = setting(_choice("auto", "never", "always"), "auto",
+                                  'dense W + α⊙S copies of BitDelta variants on the CPU: "auto" (only where the '
+                                  'packed 1-bit path has no C kernel), "never", or "always" (while the cache has room)')
     threads: str | int = setting(_threads, "auto", 'CPU threads for torch: "auto" (one per core other work leaves '
                                                   'free; decode steps on the C kernels: one) or a fixed count')
     pinned: tuple[str, ...] = setting(_strings, [], "profile names never evicted from the pool or the cache")

@@ -5,8 +5,9 @@
 - `rms_norm.c`: RMSNorm of fp32 rows (the lean forward's norms);
 - `decode_attention.c`: one query per row over the KV cache (the lean decode step's attention);
 - `lora_add.c`: y += scale·(x·Aᵀ)·Bᵀ, a LoRA on a decode step's rows (runtime/layers.py);
+- `sign_add.c`: y += α ⊙ (S·x), a packed 1-bit BitDelta on a decode step's rows (runtime/layers.py);
 - `decode_step.c`: a whole decode step of a Llama-family layer stack in one call, through the
-  kernels above (runtime/lean_llama.py), and SiLU(gate)·up;
+  kernels above (runtime/lean_llama.py), its rows on any mix of variants, and SiLU(gate)·up;
 - `vector_exp.h`: e^x for the softmax and SiLU (included by the two that need it).
 
 Every kernel sums a row of its input the same way whatever the other rows are, so a request
@@ -43,7 +44,8 @@ from zenedge import paths
 log = logging.getLogger("zenedge.kernels")
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in
-                ("int4_gemv.c", "int8_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c", "decode_step.c"))
+                ("int4_gemv.c", "int8_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c", "sign_add.c",
+                 "decode_step.c"))
 HEADERS = (Path(__file__).with_name("vector_exp.h"),)
 # -ffp-contract=off: a multiply and an add stay two roundings, as the torch ops they stand for.
 FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl",
@@ -53,7 +55,8 @@ MAX_INPUTS = 32768          # int4_gemv.c's and int8_gemv.c's MAX_INPUTS
 MAX_HEAD_DIM = 256          # decode_attention.c's MAX_DIM
 MAX_GROUP = 64              # decode_attention.c's MAX_GROUP
 MAX_RANK = 256              # lora_add.c's MAX_RANK
-MAX_LORAS = 3               # decode_step.c's MAX_LORAS: LoRA slices per product
+MAX_SLICES = 3              # decode_step.c's MAX_SLICES: LoRA or sign slices a variant adds to a product
+SIGN_GROUP = 32             # sign_add.c takes inputs in whole groups of 32
 
 _lock = threading.Lock()
 _loaded: list = []          # [the library, or None]: decided once per process
@@ -66,6 +69,7 @@ _SIGNATURES = {
     "zenedge_rms_norm": [_P] * 3 + [_I] * 2 + [_F],
     "zenedge_decode_attention": [_P] * 5 + [_I] * 8 + [_F],
     "zenedge_lora_add": [_P] * 4 + [_I] * 6 + [_F],
+    "zenedge_sign_add": [_P] * 4 + [_I] * 5,
     "zenedge_silu_mul": [_P, _P, _I, _I],
     "zenedge_decode_step": [_P, _I, _P, _I, _P, _P, _P, _P, _P, _I],
 }
@@ -76,9 +80,18 @@ class Lora(ctypes.Structure):
     _fields_ = [("a", _P), ("bt", _P), ("rank", _I), ("offset", _I), ("width", _I), ("scale", _F)]
 
 
+class Signs(ctypes.Structure):
+    _fields_ = [("signs", _P), ("alpha", _P), ("offset", _I), ("width", _I)]
+
+
+class Delta(ctypes.Structure):
+    _fields_ = [("rows", _P), ("count", _I), ("loras", _I), ("signs", _I), ("lora", Lora * MAX_SLICES),
+                ("sign", Signs * MAX_SLICES)]
+
+
 class Product(ctypes.Structure):
-    _fields_ = [("codes", _P), ("scale", _P), ("zero", _P), ("rows", _I), ("inputs", _I), ("loras", _I),
-                ("lora", Lora * MAX_LORAS)]
+    _fields_ = [("codes", _P), ("scale", _P), ("zero", _P), ("rows", _I), ("inputs", _I), ("deltas", _I),
+                ("delta", ctypes.POINTER(Delta))]
 
 
 class Layer(ctypes.Structure):
@@ -209,6 +222,36 @@ def lora_add_fn(a: torch.Tensor, b_t: torch.Tensor, scale: float):
             raise MemoryError("the LoRA kernel could not allocate its scratch")
         return y
     return lora_add
+
+
+def sign_add_fn(packed: torch.Tensor, alpha: torch.Tensor, in_features: int):
+    """`(y [M, N], x [M, K]) → y += α ⊙ (S·x)` in place through the C kernel, for a packed 1-bit
+    delta (packed uint8 [N, K/8], LSB first; α fp32 [N]); None where it does not apply (no library,
+    not on the CPU, K not whole groups of 32). Decided by the delta alone, never by the rows."""
+    if packed.dtype != torch.uint8 or alpha.dtype != torch.float32 or packed.device.type != "cpu" \
+            or alpha.device.type != "cpu" or packed.dim() != 2 or in_features % SIGN_GROUP \
+            or not 0 < in_features <= MAX_INPUTS or packed.shape != (alpha.shape[0], in_features // 8):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    kernel, outputs = lib.zenedge_sign_add, packed.shape[0]
+    packed, alpha = packed.contiguous(), alpha.contiguous()
+    held = (packed, alpha, packed.data_ptr(), alpha.data_ptr())   # the tensors live as long as this function
+    fp32 = torch.float32
+
+    def sign_add(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if x.dtype is not fp32 or y.dtype is not fp32 or not (x.is_cpu and y.is_cpu) or y.stride(1) != 1 \
+                or x.shape != (rows, in_features) or y.shape != (rows, outputs):
+            raise ValueError(f"sign_add: y {tuple(y.shape)} {y.dtype}, x {tuple(x.shape)} {x.dtype} do not fit "
+                             f"signs [{outputs}, {in_features}]")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        if kernel(x.data_ptr(), held[2], held[3], y.data_ptr(), rows, in_features, outputs, x.stride(0), y.stride(0)):
+            raise MemoryError("the sign kernel could not allocate its scratch")
+        return y
+    return sign_add
 
 
 def silu_mul_fn(intermediate: int):
@@ -384,5 +427,21 @@ def _lora_ok(lib) -> bool:
     return bool(torch.allclose(y, want, rtol=1e-5, atol=1e-5))
 
 
+def _sign_ok(lib) -> bool:
+    g = torch.Generator().manual_seed(0)
+    rows, inputs = 37, 96                           # 4-row blocks and a tail; 3 groups of 32
+    packed = torch.randint(0, 256, (rows, inputs // 8), generator=g, dtype=torch.uint8)
+    alpha = torch.rand(rows, generator=g) * 0.01
+    x, y = torch.randn(5, inputs, generator=g), torch.randn(5, rows, generator=g)   # a tile of 4 and one of 1
+    bits = (packed[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1
+    signs = (bits.view(rows, inputs).float() * 2 - 1)
+    want = y + (x.bfloat16().float() @ signs.t()) * alpha
+    if lib.zenedge_sign_add(x.data_ptr(), packed.data_ptr(), alpha.data_ptr(), y.data_ptr(), 5, inputs, rows,
+                            inputs, rows):
+        return False
+    return bool(torch.allclose(y, want, rtol=1e-4, atol=1e-5))
+
+
 _SELF_TESTS = {"int4_gemv": _int4_ok, "int8_gemv": _int8_ok, "rms_norm": _rms_norm_ok,
-               "decode_attention": _attention_ok, "lora_add": _lora_ok, "silu_mul": _silu_mul_ok}
+               "decode_attention": _attention_ok, "lora_add": _lora_ok, "sign_add": _sign_ok,
+               "silu_mul": _silu_mul_ok}

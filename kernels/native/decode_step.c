@@ -4,7 +4,7 @@
  * small torch ops and Python calls between the kernels (RMSNorm, the stacked q/k/v product, rope,
  * the KV writes, attention, o, the residual adds, gate/up, SiLU·up, down), ~4 ms of a ~10 ms step
  * for SmolLM2-135M. Here the same steps run back to back in C, calling the same kernels
- * (rms_norm.c, int4_gemv.c, lora_add.c, decode_attention.c) with the same arguments, and doing the
+ * (rms_norm.c, int4_gemv.c, lora_add.c, sign_add.c, decode_attention.c) with the same arguments, and doing the
  * glue with the same roundings as the torch ops it replaces:
  *   - rope: x·cos + roll(x, D/2)·sin with sin's first half negated, a multiply, a multiply, an add
  *     (no FMA: torch rounds each op); q and k in place in the q/k/v product;
@@ -13,8 +13,12 @@
  * So a step gives bit for bit what lean_llama's Python step gives (a test says so), and a row's
  * numbers do not depend on the rows beside it: every kernel called sums each row alone.
  *
+ * The rows may serve different variants (a mixed batch): each product streams the base's int4
+ * weights once for all n rows, then adds every variant's LoRA or 1-bit sign slices on the rows
+ * that use it. No variant needs a weight copy of its own.
+ *
  * x [n, hidden] fp32 is updated in place (the residual stream after the last layer). Per layer: a
- * zenedge_layer (its norms, four int4 products with up to MAX_LORAS LoRA slices each, this step's
+ * zenedge_layer (its norms, four int4 products with their variants' deltas, this step's
  * views of its key and value cache: element (b, j, l, d) at b·strides[0] + j·strides[1] +
  * l·strides[2] + d). cos, sin [n, D]; positions [n] (the column each row writes), lengths [n]
  * (positions + 1), length: the views' L. Returns 0; -1 when a scratch buffer could not be had; the
@@ -27,13 +31,15 @@
 
 #include "vector_exp.h"
 
-#define MAX_LORAS 3
+#define MAX_SLICES 3   /* LoRA or sign slices a variant adds to one product (q, k, v) */
 
 int zenedge_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t K, float eps);
 int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,
                       float *y, int64_t M, int64_t N, int64_t K);
 int zenedge_lora_add(const float *x, const float *a, const float *bt, float *y, int64_t M, int64_t K,
                      int64_t N, int64_t r, int64_t ldx, int64_t ldy, float scale);
+int zenedge_sign_add(const float *x, const uint8_t *signs, const float *alpha, float *y, int64_t M, int64_t K,
+                     int64_t N, int64_t ldx, int64_t ldy);
 int zenedge_decode_attention(const float *q, const float *keys, const float *values, const int64_t *lengths,
                              float *out, int64_t B, int64_t H, int64_t H_kv, int64_t L, int64_t D,
                              int64_t q_stride, int64_t batch_stride, int64_t head_stride, float scale);
@@ -44,11 +50,24 @@ typedef struct {                 /* y[:, offset:offset + width] += scale·(x·A�
     float scale;
 } zenedge_lora;
 
-typedef struct {                 /* y = x·Wᵀ (int4_gemv.c's layout) plus its LoRA slices */
+typedef struct {                 /* y[:, offset:offset + width] += α ⊙ (S·x) (sign_add.c) */
+    const uint8_t *signs;        /* [width, inputs/8], packed LSB first */
+    const float *alpha;          /* [width] */
+    int64_t offset, width;
+} zenedge_signs;
+
+typedef struct {                 /* what one variant adds to a product, on the rows that use it */
+    const int64_t *rows;         /* those rows of the step, ascending; NULL: every row */
+    int64_t count, loras, signs;
+    zenedge_lora lora[MAX_SLICES];
+    zenedge_signs sign[MAX_SLICES];
+} zenedge_delta;
+
+typedef struct {                 /* y = x·Wᵀ (int4_gemv.c's layout) plus each row's variant */
     const uint8_t *codes;
     const uint16_t *scale, *zero;
-    int64_t rows, inputs, loras;
-    zenedge_lora lora[MAX_LORAS];
+    int64_t rows, inputs, deltas;
+    const zenedge_delta *delta;  /* [deltas] */
 } zenedge_product;
 
 typedef struct {
@@ -83,12 +102,44 @@ int zenedge_silu_mul(const float *gu, float *out, int64_t M, int64_t I) {
     return 0;
 }
 
-static int product(const zenedge_product *p, const float *x, float *y, int64_t n) {
+/* Gathered rows for a variant that only some rows of the step use: their x and y, contiguous */
+typedef struct {
+    float *x, *y;
+} gathered;
+
+/* The variant's slices on m rows: x [m, inputs], y [m, rows] */
+static int add_delta(const zenedge_delta *d, const float *x, float *y, int64_t m, int64_t inputs, int64_t rows) {
+    int status = 0;
+    for (int64_t i = 0; i < d->loras && !status; i++) {
+        const zenedge_lora *l = &d->lora[i];
+        status = zenedge_lora_add(x, l->a, l->bt, y + l->offset, m, inputs, l->width, l->rank, inputs, rows, l->scale);
+    }
+    for (int64_t i = 0; i < d->signs && !status; i++) {
+        const zenedge_signs *s = &d->sign[i];
+        status = zenedge_sign_add(x, s->signs, s->alpha, y + s->offset, m, inputs, s->width, inputs, rows);
+    }
+    return status;
+}
+
+/* One pass of the int4 kernel over the base's weights for all n rows, then each variant's slices
+   on its own rows (gathered where it has some of them only: the kernels sum each row alone, so a
+   row's numbers are the same gathered or not). */
+static int product(const zenedge_product *p, const float *x, float *y, int64_t n, gathered g) {
     int status = zenedge_int4_gemm(x, p->codes, p->scale, p->zero, y, n, p->rows, p->inputs);
-    for (int64_t i = 0; i < p->loras && !status; i++) {
-        const zenedge_lora *l = &p->lora[i];
-        status = zenedge_lora_add(x, l->a, l->bt, y + l->offset, n, p->inputs, l->width, l->rank, p->inputs,
-                                  p->rows, l->scale);
+    for (int64_t i = 0; i < p->deltas && !status; i++) {
+        const zenedge_delta *d = &p->delta[i];
+        if (!d->rows) {
+            status = add_delta(d, x, y, n, p->inputs, p->rows);
+            continue;
+        }
+        const size_t x_row = (size_t)p->inputs * sizeof(float), y_row = (size_t)p->rows * sizeof(float);
+        for (int64_t j = 0; j < d->count; j++) {
+            memcpy(g.x + j * p->inputs, x + d->rows[j] * p->inputs, x_row);
+            memcpy(g.y + j * p->rows, y + d->rows[j] * p->rows, y_row);
+        }
+        status = add_delta(d, g.x, g.y, d->count, p->inputs, p->rows);
+        for (int64_t j = 0; j < d->count; j++)
+            memcpy(y + d->rows[j] * p->rows, g.y + j * p->rows, y_row);
     }
     return status;
 }
@@ -124,20 +175,24 @@ int zenedge_decode_step(float *x, int64_t n, const zenedge_layer *layers, int64_
                   I = shape->intermediate, qkv_width = (H + 2 * H_kv) * D;
     if (D % 16 || D > 256)
         return -2;
-    const int64_t sizes[6] = {n * hidden, n * qkv_width, n * H * D, n * hidden, n * 2 * I, n * I};
+    const int64_t widest_in = hidden > I ? (hidden > H * D ? hidden : H * D) : (I > H * D ? I : H * D),
+                  widest_out = qkv_width > 2 * I ? qkv_width : (2 * I > hidden ? 2 * I : hidden);
+    const int64_t sizes[8] = {n * hidden, n * qkv_width, n * H * D, n * hidden, n * 2 * I, n * I,
+                              n * widest_in, n * widest_out};
     int64_t total = 0;
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 8; i++)
         total += sizes[i];
     float *scratch = malloc((size_t)total * sizeof(float));
     if (!scratch)
         return -1;
     float *h = scratch, *qkv = h + sizes[0], *att = qkv + sizes[1], *y = att + sizes[2], *gu = y + sizes[3],
           *m = gu + sizes[4];
+    const gathered g = {m + sizes[5], m + sizes[5] + sizes[6]};
     int status = 0;
     for (int64_t i = 0; i < count && !status; i++) {
         const zenedge_layer *L = &layers[i];
         zenedge_rms_norm(x, L->norm1, h, n, hidden, L->eps1);
-        if ((status = product(&L->qkv, h, qkv, n)))
+        if ((status = product(&L->qkv, h, qkv, n, g)))
             break;
         rope(qkv, n, H + H_kv, D, qkv_width, cos, sin);
         for (int64_t b = 0; b < n; b++)
@@ -149,14 +204,14 @@ int zenedge_decode_step(float *x, int64_t n, const zenedge_layer *layers, int64_
         if ((status = zenedge_decode_attention(qkv, L->keys, L->values, lengths, att, n, H, H_kv, length, D,
                                                qkv_width, L->strides[0], L->strides[1], shape->attention_scale)))
             break;
-        if ((status = product(&L->o, att, y, n)))
+        if ((status = product(&L->o, att, y, n, g)))
             break;
         add_into(x, y, n * hidden);
         zenedge_rms_norm(x, L->norm2, h, n, hidden, L->eps2);
-        if ((status = product(&L->gate_up, h, gu, n)))
+        if ((status = product(&L->gate_up, h, gu, n, g)))
             break;
         zenedge_silu_mul(gu, m, n, I);
-        if ((status = product(&L->down, m, y, n)))
+        if ((status = product(&L->down, m, y, n, g)))
             break;
         add_into(x, y, n * hidden);
     }

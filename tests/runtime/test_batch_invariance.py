@@ -38,7 +38,7 @@ def kernels(request, monkeypatch):
 def int4_engine(store, tmp_path, kernels, peft_adapter, tiny_base_dir):
     path = tmp_path / "config" / "int4.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "int4"\n')
+    path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "int4"\nbitdelta_dense = "always"\n')
     cfg = config.load(path)
     pool.import_lora(store, cfg, peft_adapter(1), "lora-a", base="tiny")
     pool.import_lora(store, cfg, peft_adapter(2, targets=("q_proj", "v_proj", "gate_proj", "down_proj"), r=2),

@@ -53,7 +53,9 @@ def test_bitdelta_logits_equal_the_dense_reconstruction(engine, store, cfg, delt
     input_ids = torch.randint(3, 99, (2, 11))
     route = engine.router.route("delta")
     resident = engine.resident("tiny")
-    with torch.inference_mode(), resident.state.using([engine.variant(route)] * 2):
+    # the plain weights, as a prefill reads them (a decode step adds the same delta to the base's
+    # int4 copy: test_sign_kernel.py)
+    with torch.inference_mode(), resident.state.using([engine.variant(route)] * 2, plain=True):
         ours = resident.model(input_ids=input_ids).logits
     with torch.no_grad():
         expected = dense_reference(tiny_base_dir, path)(input_ids=input_ids).logits

@@ -41,7 +41,7 @@ def test_dense_weights_give_the_packed_paths_logits(engine, deltas):
     packed_bytes = variant.nbytes
     input_ids = torch.randint(3, 99, (2, 9))
     packed = logits(resident, variant, input_ids)
-    assert dense.prepare(variant, resident.model) is variant
+    assert dense.prepare(variant, resident.model, "always") is variant
     assert all(m.dense is not None for m in variant.modules.values())
     assert variant.nbytes == packed_bytes + dense_nbytes(variant, resident.model)
     assert cache.used_bytes == variant.nbytes
@@ -49,7 +49,7 @@ def test_dense_weights_give_the_packed_paths_logits(engine, deltas):
     base = logits(resident, None, input_ids)
     assert (packed - base).abs().max() > 1e-3, "the delta must matter for this test to mean anything"
     assert (dense_logits - packed).abs().max() < 1e-5
-    assert dense.prepare(variant, resident.model) is variant and dense.densified == 1   # idempotent
+    assert dense.prepare(variant, resident.model, "always") is variant and dense.densified == 1   # idempotent
 
 
 def test_a_variant_whose_dense_copy_does_not_fit_stays_packed(engine, deltas):
@@ -59,7 +59,7 @@ def test_a_variant_whose_dense_copy_does_not_fit_stays_packed(engine, deltas):
     need = probe.nbytes + dense_nbytes(probe, resident.model)
     cache = DeltaCache(need - 1)
     dense = DenseBitDeltas(cache)
-    variant = dense.prepare(loaders["d0"](cache), resident.model)
+    variant = dense.prepare(loaders["d0"](cache), resident.model, "always")
     assert all(m.dense is None for m in variant.modules.values())
     assert cache.used_bytes <= cache.budget and dense.dense_keys() == []
 
@@ -72,17 +72,17 @@ def test_the_hotter_variant_takes_the_dense_room(engine, deltas):
     now = [0.0]
     cache = DeltaCache(2 * packed + extra, clock=lambda: now[0])   # room for exactly one dense copy
     dense = DenseBitDeltas(cache)
-    cold = dense.prepare(loaders["d0"](cache), resident.model)
+    cold = dense.prepare(loaders["d0"](cache), resident.model, "always")
     assert dense.dense_keys() == [cold.key]
     hot = None
     for _ in range(3):                                              # d1 is requested more often
-        hot = dense.prepare(loaders["d1"](cache), resident.model)
+        hot = dense.prepare(loaders["d1"](cache), resident.model, "always")
     assert dense.dense_keys() == [hot.key]
     assert all(m.dense is not None for m in hot.modules.values())
     assert all(m.dense is None for m in cold.modules.values()) and cold.nbytes == packed
     assert cache.used_bytes <= cache.budget
     # the colder variant asking again does not take the room back from the hotter one
-    dense.prepare(loaders["d0"](cache), resident.model)
+    dense.prepare(loaders["d0"](cache), resident.model, "always")
     assert dense.dense_keys() == [hot.key] and cache.used_bytes <= cache.budget
 
 
@@ -91,10 +91,10 @@ def test_evicted_variants_are_forgotten(engine, deltas):
     resident = engine.resident("tiny")
     cache = DeltaCache(1 << 30)
     dense = DenseBitDeltas(cache)
-    dense.prepare(loaders["d0"](cache), resident.model)
+    dense.prepare(loaders["d0"](cache), resident.model, "always")
     cache.drop(engine.router.route("d0").adapter["id"])
     assert dense.dense_keys() == []
-    fresh = dense.prepare(loaders["d0"](cache), resident.model)   # a reload densifies again
+    fresh = dense.prepare(loaders["d0"](cache), resident.model, "always")   # a reload densifies again
     assert all(m.dense is not None for m in fresh.modules.values()) and dense.densified == 2
 
 
@@ -104,5 +104,5 @@ def test_lora_and_plain_rows_are_left_alone(engine, imported):
     dense = DenseBitDeltas(engine.cache)
     variant = engine.variant(engine.router.route("w"))
     before = variant.nbytes
-    assert dense.prepare(variant, resident.model) is variant and variant.nbytes == before
-    assert dense.prepare(None, resident.model) is None
+    assert dense.prepare(variant, resident.model, "always") is variant and variant.nbytes == before
+    assert dense.prepare(None, resident.model, "always") is None

@@ -1,7 +1,8 @@
 """The decode step in one C call (lean_llama.FusedStep, kernels/native/decode_step.c): where it runs (base
-rows, one LoRA, a hot BitDelta's int4 copies) its logits are bit for bit those of the Python step
-it replaces, so a request decodes the same whichever path a batch takes; where it cannot (mixed
-rows, a packed BitDelta, a dense copy dropped mid-request) the Python step runs."""
+rows, LoRAs, packed BitDeltas, any mix of them, a hot BitDelta's int4 copies serving every row) its
+logits are bit for bit those of the Python step it replaces, so a request decodes the same whichever
+path a batch takes; where it cannot (a dense copy in a mixed batch, a dense copy dropped
+mid-request) the Python step runs."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from tests.runtime.test_batch_invariance import NAMES, int4_engine, requests_for
 from zenedge.kernels import native
 from zenedge.runtime import lean_llama
 from zenedge.runtime.layers import RowVariants
+from zenedge.runtime import generate as generate_module
 from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
 
 pytestmark = pytest.mark.skipif(native.decode_step() is None, reason="no native CPU kernels on this machine")
@@ -37,6 +39,7 @@ def head_inputs(resident, requests, monkeypatch, fused: bool):
         built.append(made is not None)
         return made
 
+    monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 1024)     # every row prefilled in the first tick
     monkeypatch.setattr(head, "_matmul", recording, raising=False)
     monkeypatch.setattr(lean_llama.FusedStep, "build", building)
     for _ in generate(resident, requests):
@@ -45,8 +48,13 @@ def head_inputs(resident, requests, monkeypatch, fused: bool):
     return steps, built
 
 
+MIXED = ["lora-a", "tiny", "delta-packed", "lora-b", "delta-packed", "lora-a", "tiny", "lora-b", "delta-packed"]
+
+
 @pytest.mark.parametrize("names", [["tiny"], ["lora-a"], ["lora-b"], ["delta"], ["tiny", "tiny"],
-                                   ["lora-a", "lora-a", "lora-a"], ["delta-packed"], ["lora-a", "tiny", "delta"]])
+                                   ["lora-a", "lora-a", "lora-a"], ["delta-packed"], ["lora-a", "tiny", "delta"],
+                                   ["lora-a", "tiny", "delta-packed"], ["delta-packed", "delta-packed", "tiny"],
+                                   MIXED, MIXED[::-1] + MIXED[:7]])
 def test_the_c_step_gives_the_python_steps_logits_bit_for_bit(int4_engine, monkeypatch, names):
     resident = int4_engine.resident("tiny")
     all_requests = requests_for(int4_engine)
@@ -57,9 +65,8 @@ def test_the_c_step_gives_the_python_steps_logits_bit_for_bit(int4_engine, monke
     python_steps, _ = head_inputs(resident, requests, monkeypatch, fused=False)
     assert len(c_steps) == len(python_steps) == 9
     assert all(torch.equal(a, b) for a, b in zip(c_steps, python_steps))
-    # one C step for a whole batch of base rows, one LoRA or a hot BitDelta; none for a packed
-    # BitDelta (its fp32 path) or rows with different variants
-    assert any(built) == (len(set(names)) == 1 and names[0] != "delta-packed")
+    # one C step for every batch but one that mixes a dense copy with other rows
+    assert any(built) == ("delta" not in names or len(set(names)) == 1)
 
 
 def test_a_dense_copy_dropped_mid_request_hands_the_step_back(int4_engine):

@@ -299,7 +299,7 @@ def run_bench(options: Options, progress=_progress) -> dict:
         loras = [cache.get(f"lora-{i}", lambda d=d, i=i: load_lora_variant(f"lora-{i}", d, cpu, resident.dtype))
                  for i, d in enumerate(lora_dirs)]
         deltas = [dense.prepare(cache.get(f"delta-{i}", lambda p=p, i=i: load_bitdelta(f"delta-{i}", p, cpu)),
-                                resident.model) for i, p in enumerate(delta_files)]
+                                resident.model, "always") for i, p in enumerate(delta_files)]
         cold_delta = load_bitdelta("delta-cold", delta_files[0], cpu)        # never densified
 
         result["cold_load_seconds"] = _cold_loads(lora_dirs[0], delta_files[0], resident, cpu, options.repeats)
@@ -486,7 +486,7 @@ def _switch_ms(cache, dense, resident, keys: list[str], count: int, device) -> f
     for i in range(count):
         key = keys[i % len(keys)]
         start = time.perf_counter()
-        variant = dense.prepare(cache.get(key, lambda: None), resident.model)
+        variant = dense.prepare(cache.get(key, lambda: None), resident.model, "always")
         RowVariants.build([variant], device)
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)

@@ -1,10 +1,14 @@
-"""Hot BitDelta variants on CPU: reconstructed dense weights W + α⊙S, inside the delta cache's budget.
+"""Dense BitDelta copies on CPU: reconstructed weights W + α⊙S, inside the delta cache's budget.
 
-On CPU the memory-bounded BitDelta path (kernels/bitdelta/cpu.py: x·Wᵀ plus sign products through byte
-lookup tables) costs several times a plain linear per decoded token, while rebuilding a whole
-135M-parameter variant's weights once takes well under a second. So a variant that is being
-served gets its dense weights as soon as the budget has room, and then decodes exactly at the
-base's speed (one F.linear over a weight of the base's shape and dtype).
+A BitDelta variant decodes from its packed signs: the base's int4 pass, shared by every row of a
+step, plus the C sign kernel (kernels/native/sign_add.c) on the rows that use it. It is ready as
+soon as its file is read and costs its packed bytes only. Where that kernel does not apply (no
+native kernels, a bf16 model, inputs not in groups of 32), the packed path is torch's
+(kernels/bitdelta/cpu.py: sign products through byte lookup tables), several times a plain
+linear per token; a dense copy, rebuilt in well under a second for a 135M base, then decodes at
+the base's speed. `runtime.bitdelta_dense` decides: "auto" makes dense copies only where the
+packed path has no C kernel, "never" makes none, "always" makes them wherever the budget has room
+(a dense int4 copy requantizes W + α⊙S: the delta is rounded into the base's int4 grid).
 
 Budget: the dense copy is charged to the variant itself (`variant.nbytes` grows by the dense
 bytes), so the DeltaCache's one byte budget (`runtime.cache_budget`) covers packed deltas, LoRA
@@ -77,10 +81,13 @@ class DenseBitDeltas:
         self.densified = 0   # counters for ps/tests
         self.dropped = 0
 
-    def prepare(self, variant: Variant | None, model: torch.nn.Module) -> Variant | None:
+    def prepare(self, variant: Variant | None, model: torch.nn.Module, policy: str = "auto") -> Variant | None:
         """Called per request with the cached variant: densify it when it is a BitDelta variant on
-        CPU and the budget has (or can make) room. Returns the variant, dense or not."""
-        if variant is None or not variant.is_bitdelta or _device_of(model).type != "cpu":
+        CPU, `policy` (runtime.bitdelta_dense) asks for it, and the budget has (or can make) room.
+        Returns the variant, dense or not."""
+        if variant is None or not variant.is_bitdelta or _device_of(model).type != "cpu" or policy == "never":
+            return variant
+        if policy == "auto" and packed_path_is_native(variant, model):
             return variant
         with self._lock:
             self._forget_evicted()
@@ -141,6 +148,18 @@ class DenseBitDeltas:
         variant.nbytes -= extra
         self.dropped += 1
         return extra
+
+
+def packed_path_is_native(variant: Variant, model: torch.nn.Module) -> bool:
+    """Whether every module of a BitDelta variant decodes through the C sign kernel: an fp32 model
+    on the C int4 kernel and a delta the sign kernel takes (VariantLinear.sign_kernel)."""
+    if next(model.parameters()).dtype != torch.float32:
+        return False
+    for name, module in variant.modules.items():
+        linear = model.get_submodule(name)
+        if isinstance(module, BitDeltaModule) and (not hasattr(linear, "sign_kernel") or linear.sign_kernel(module) is None):
+            return False
+    return True
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

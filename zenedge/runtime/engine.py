@@ -89,7 +89,7 @@ class Engine:
             return None
         adapter = route.adapter
         variant = self.cache.get(adapter["id"], lambda: self._load_variant(adapter), name=route.name)
-        return self.dense.prepare(variant, self.resident(route.base).model)   # hot BitDelta on CPU: dense weights
+        return self.dense.prepare(variant, self.resident(route.base).model, self.cfg.runtime.bitdelta_dense)
 
     def _load_variant(self, adapter: dict[str, Any]) -> Variant:
         """A stored adapter in memory, from a blob that still matches its digest and holds finite

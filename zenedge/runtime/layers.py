@@ -85,7 +85,12 @@ class VariantLinear(nn.Module):
             if module is None:
                 return self._base(x)
             if isinstance(module, BitDeltaModule):
-                return self._bitdelta(x, module)
+                signs = self._signs(module, x)
+                if signs is None:
+                    return self._bitdelta(x, module)
+                y = self._base(x)
+                signs(y.view(-1, y.shape[-1]), x.reshape(-1, x.shape[-1]))
+                return y
             y = self._base(x)
             add_lora_(y.view(-1, y.shape[-1]), x.reshape(-1, x.shape[-1]), module, per_row=per_row)
             return y
@@ -95,13 +100,33 @@ class VariantLinear(nn.Module):
             if module is None:
                 continue
             rows = x.index_select(0, idx)
-            if isinstance(module, LoraFactors):   # the same sums as a batch of these rows alone
+            signs = self._signs(module, x) if isinstance(module, BitDeltaModule) else None
+            if isinstance(module, LoraFactors) or signs is not None:   # the same sums as these rows alone
                 part = y.index_select(0, idx)
-                add_lora_(part.view(-1, part.shape[-1]), rows.reshape(-1, rows.shape[-1]), module, per_row=per_row)
+                flat, rows_flat = part.view(-1, part.shape[-1]), rows.reshape(-1, rows.shape[-1])
+                if signs is not None:
+                    signs(flat, rows_flat)
+                else:
+                    add_lora_(flat, rows_flat, module, per_row=per_row)
                 y.index_copy_(0, idx, part)
-            else:  # BitDelta rows: the fused path gives base + delta, replacing the base rows
+            else:  # BitDelta rows otherwise: base + delta from its own path, replacing the base rows
                 y.index_copy_(0, idx, self._bitdelta(rows, module))
         return y
+
+    def _signs(self, module: BitDeltaModule, x: torch.Tensor):
+        """The sign kernel that adds `module` to this linear's base product in a decode step
+        (native.sign_add_fn: the step's int4 pass is shared by every row, the delta read packed),
+        or None: the variant has a dense copy, the forward wants the plain weights, or the kernel
+        does not apply (then `_bitdelta`)."""
+        if module.dense is not None or self.state.plain or x.dtype != torch.float32:
+            return None
+        return self.sign_kernel(module)
+
+    def sign_kernel(self, module: BitDeltaModule):
+        """`sign_kernel(module)` where this linear's decode product is the C int4 kernel's, whose
+        bf16 rounding of the activations the sign kernel shares; None elsewhere (fp32 weights keep
+        the exact packed path)."""
+        return sign_kernel(module) if type(self.fast) is cpu_weights.NativeInt4Weight else None
 
     def step_delta(self, batch: RowVariants | None) -> "LoraFactors | BitDeltaModule | VariantLinear | None":
         """What the rows of `batch` add to this linear's base product: None (no row's variant
@@ -133,7 +158,7 @@ class VariantLinear(nn.Module):
             base = self.base_fn()
             return lambda x: add_lora_(base(x), x, delta, per_row=True)
         if isinstance(delta, BitDeltaModule):
-            bias = self.base.bias
+            bias, base = self.base.bias, self.base_fn()
 
             def bitdelta(x):
                 # delta.dense is read per call: the cache may densify or drop it mid-request. Its
@@ -141,6 +166,9 @@ class VariantLinear(nn.Module):
                 dense = delta.dense
                 if isinstance(dense, CpuWeight):
                     return dense.matmul_fn(bias, cast=cast)(x)
+                signs = self._signs(delta, x)
+                if signs is not None:
+                    return signs(base(x), x)
                 return self._bitdelta(x, delta)
             return bitdelta
         return self
@@ -240,6 +268,18 @@ def _lora_kernel(factors: LoraFactors):
     return cached[_KERNEL]
 
 
+_SIGN_KERNEL = "_zenedge_sign_kernel"
+
+
+def sign_kernel(module: BitDeltaModule):
+    """The delta's C sign kernel (native.sign_add_fn), made once and kept on it, or None where it
+    does not apply."""
+    cached = module.__dict__
+    if _SIGN_KERNEL not in cached:
+        cached[_SIGN_KERNEL] = native.sign_add_fn(module.packed, module.alpha, module.in_features)
+    return cached[_SIGN_KERNEL]
+
+
 class VariantState:
     """Shared by every VariantLinear of one model: the batch's per-row variants. The selection is
     per thread, so two threads running batches on one resident never see each other's rows."""
@@ -298,6 +338,25 @@ def each(*linears):
     return lambda h: torch.cat([linear(h) for linear in linears], -1)
 
 
+def _slices(linears, modules) -> "StepDelta | None":
+    """What one variant's `modules` (one per linear, None where it leaves it alone) add to the
+    linears' stacked product, as LoRA and sign slices at their output columns; None where a slice
+    is neither (a dense copy, a delta the sign kernel does not take)."""
+    delta, offset = StepDelta(None, [], []), 0
+    for linear, module in zip(linears, modules):
+        width = linear.weight.shape[0]
+        if isinstance(module, LoraFactors):
+            delta.loras.append((offset, width, module))
+        elif isinstance(module, BitDeltaModule):
+            if module.dense is not None or linear.sign_kernel(module) is None:
+                return None
+            delta.signs.append((offset, width, module))
+        elif module is not None:
+            return None
+        offset += width
+    return delta
+
+
 def _step_parts(linears, batch: RowVariants | None):
     """(each linear's step delta, the copy its decode product reads: a hot BitDelta's dense copy or
     the base's fast copy) where every linear is a VariantLinear adding at most one LoRA or
@@ -305,14 +364,16 @@ def _step_parts(linears, batch: RowVariants | None):
     deltas = [linear.step_delta(batch) if isinstance(linear, VariantLinear) else linear for linear in linears]
     if not all(d is None or isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas):
         return None
-    return deltas, [d.dense if isinstance(d, BitDeltaModule) else linear.fast for d, linear in zip(deltas, linears)]
+    parts = [d.dense if isinstance(d, BitDeltaModule) and d.dense is not None else linear.fast
+             for d, linear in zip(deltas, linears)]
+    return deltas, parts
 
 
 def products(linears, batch: RowVariants | None):
     """h → the linears' outputs side by side, for a decode step of `batch`: one kernel call on
     their stacked copies (cpu_weights.stacked: bit for bit the same products) where each linear
-    adds at most a LoRA product (on its slice) or reads a hot BitDelta's dense copy; else `each`
-    of their bound steps."""
+    adds at most a LoRA or a packed BitDelta (on its slice) or reads a hot BitDelta's dense copy;
+    else `each` of their bound steps."""
     one_by_one = each(*(bound(linear, batch) for linear in linears))
     found = _step_parts(linears, batch)
     if found is None:
@@ -323,20 +384,11 @@ def products(linears, batch: RowVariants | None):
     if stacked is None:
         return one_by_one
     product = stacked.matmul_fn(None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
-    sizes = [linear.weight.shape[0] for linear in linears]
-    loras = [(i, d) for i, d in enumerate(deltas) if isinstance(d, LoraFactors)]
-    hot = [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule)]
-    if loras and hot:                                       # no such variant today; keep it exact
-        return one_by_one
-    if loras:
-        def with_loras(h):
-            y = product(h)
-            slices = y.split_with_sizes(sizes, -1)
-            for i, factors in loras:                        # each added as its own linear adds it
-                add_lora_(slices[i], h, factors, per_row=True)
-            return y
-        return with_loras
+    hot = [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule) and d.dense is not None]
     if hot:
+        if len(hot) != sum(d is not None for d in deltas):
+            return one_by_one                               # a dense copy beside another delta; keep it exact
+
         def dense(h):
             # The cache may drop a dense copy (or densify anew) mid-request: the stacked copy
             # serves only while every part is still the variant's.
@@ -345,7 +397,31 @@ def products(linears, batch: RowVariants | None):
                     return one_by_one(h)
             return product(h)
         return dense
-    return product
+    added = _slices(linears, deltas)
+    if added is None:
+        return one_by_one
+    if not added.loras and not added.signs:
+        return product
+
+    def with_deltas(h):
+        if added.signs and (h.dtype != torch.float32 or any(m.dense is not None for _, _, m in added.signs)):
+            return one_by_one(h)                            # densified since, or not the sign kernel's dtype
+        y = product(h)
+        for offset, width, factors in added.loras:          # each added as its own linear adds it
+            add_lora_(y[:, offset:offset + width], h, factors, per_row=True)
+        for offset, width, module in added.signs:
+            sign_kernel(module)(y[:, offset:offset + width], h)
+        return y
+    return with_deltas
+
+
+@dataclass
+class StepDelta:
+    """What one variant adds to a decode step's product of a group of linears, on its rows."""
+
+    rows: torch.Tensor | None                             # the step's rows it applies to (int64); None: all
+    loras: list[tuple[int, int, LoraFactors]]             # (first output column, width, factors)
+    signs: list[tuple[int, int, BitDeltaModule]]          # (first output column, width, packed delta)
 
 
 @dataclass
@@ -353,26 +429,44 @@ class StepProduct:
     """What a decode step of one request multiplies a group of linears by (`step_product`)."""
 
     weight: CpuWeight | None          # the parts' copy, stacked where there are several
-    loras: list[tuple[int, int, LoraFactors]]            # (first output column, width, factors)
+    deltas: list[StepDelta]           # each variant's slices on its rows
     hot: list[tuple[BitDeltaModule, CpuWeight]]          # (delta, the dense copy `weight` holds)
 
 
 def step_product(linears, batch: RowVariants | None) -> StepProduct | None:
-    """The product `products` makes of `linears` (VariantLinears without bias) for a decode step
-    of `batch`, as data for a caller that runs it elsewhere (lean_llama.FusedStep); None where it
-    is not one copy plus LoRA slices (mixed rows, a bias, a LoRA beside a BitDelta)."""
+    """The product a decode step of `batch` makes of `linears` (VariantLinears without bias), as
+    data for a caller that runs it elsewhere (lean_llama.FusedStep): one copy for every row (the
+    base's, or, where one variant covers every row, its dense copy), and each variant's LoRA and
+    sign slices on its rows. None where that is not what the Python step computes: a bias, a dense
+    copy in a mixed batch or beside another delta, a delta no kernel takes."""
     if not all(isinstance(linear, VariantLinear) and linear.base.bias is None for linear in linears):
         return None
+    if batch is not None and batch.groups and batch.uniform is None:    # mixed rows: the base, then each variant
+        if not all(type(linear.fast) is cpu_weights.NativeInt4Weight for linear in linears):
+            return None                                     # only the C step takes mixed rows
+        deltas = []
+        for variant, rows in batch.groups:
+            added = _slices(linears, [variant.modules.get(linear.name) for linear in linears])
+            if added is None:
+                return None
+            if added.loras or added.signs:
+                added.rows = rows
+                deltas.append(added)
+        return StepProduct(_stacked([linear.fast for linear in linears]), deltas, [])
     found = _step_parts(linears, batch)
     if found is None:
-        return None                                         # mixed rows
+        return None
     deltas, parts = found
-    weight = parts[0] if len(parts) == 1 else cpu_weights.stacked(parts)
-    varied = sum(isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas)
-    offsets = [0]
-    for linear in linears:
-        offsets.append(offsets[-1] + linear.weight.shape[0])
-    loras = [(offsets[i], offsets[i + 1] - offsets[i], d) for i, d in enumerate(deltas) if isinstance(d, LoraFactors)]
-    if loras and len(loras) != varied:
-        return None                                         # LoRA beside a BitDelta
-    return StepProduct(weight, loras, [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule)])
+    hot = [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule) and d.dense is not None]
+    if hot:
+        if len(hot) != sum(d is not None for d in deltas):
+            return None                                     # a dense copy beside another delta
+        return StepProduct(_stacked(parts), [], hot)
+    added = _slices(linears, deltas)
+    if added is None:
+        return None
+    return StepProduct(_stacked(parts), [added] if added.loras or added.signs else [], [])
+
+
+def _stacked(parts) -> CpuWeight | None:
+    return parts[0] if len(parts) == 1 else cpu_weights.stacked(parts)

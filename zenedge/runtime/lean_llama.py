@@ -289,15 +289,16 @@ def _gated(act, gate_width: int, up_width: int, like: torch.Tensor):
 class FusedStep:
     """A decode step of every layer as one C call (kernels/native/decode_step.c): the same kernels, in
     the same order, with the same roundings as `_decode`, without its ~50 torch ops and Python
-    calls per layer (about 4 ms of a 10 ms SmolLM2-135M step, one thread, 2026-12-01). Built per
-    request where every product is a C-kernel int4 copy (the base's, or a hot BitDelta's dense
-    ones) plus at most LoRA slices through the LoRA kernel, with no bias, the norms, attention and
-    SiLU run in C, and the model is fp32; else None and `_decode` runs."""
+    calls per layer. Built per request (and per change of its rows) where every product is a
+    C-kernel int4 copy (the base's for every row, or a hot BitDelta's dense one where it serves
+    every row) plus each row's variant as LoRA slices or packed 1-bit sign slices, with no bias,
+    the norms, attention and SiLU run in C, and the model is fp32; else None and `_decode` runs
+    (`refusal` says why)."""
 
     def __init__(self, kernel, layers, shape, keep, hot):
         self.kernel, self.layers, self.shape = kernel, layers, shape
         self.keep = keep                  # the tensors the structures point into
-        self.hot = hot                    # [(BitDeltaModule, its dense copy the structures read)]
+        self.hot = hot                    # [(BitDeltaModule, the dense copy the structures read, or None)]
         self.cache = None                 # the KV views the structures point into (this step's)
 
     @classmethod
@@ -370,23 +371,39 @@ class FusedStep:
 
 def _describe(entry, linears, batch, keep: list, hot: list) -> bool:
     """Fill a native.Product with what the Python step multiplies `linears` by for a decode step
-    of `batch` (layers.step_product: their int4 copies stacked, LoRA slices on top); False where
-    the C step cannot do the same."""
+    of `batch` (layers.step_product: their int4 copies stacked, each variant's LoRA and sign slices
+    on its rows); False where the C step cannot do the same."""
     step = step_product(linears, batch)
-    if step is None or type(step.weight) is not cpu_weights.NativeInt4Weight or len(step.loras) > native.MAX_LORAS:
-        return False                                        # not the int4 kernel; too many LoRA slices
+    if step is None or type(step.weight) is not cpu_weights.NativeInt4Weight \
+            or any(len(d.loras) > native.MAX_SLICES or len(d.signs) > native.MAX_SLICES for d in step.deltas):
+        return False                                        # not the int4 kernel; too many slices
     tensors, pointers = step.weight._weights
     entry.codes, entry.scale, entry.zero = pointers
-    entry.rows, entry.inputs, entry.loras = step.weight.rows, step.weight.inputs, len(step.loras)
+    entry.rows, entry.inputs = step.weight.rows, step.weight.inputs
     keep.extend(tensors)
-    for slot, (offset, width, factors) in zip(entry.lora, step.loras):
-        if native.lora_add_fn(factors.A, factors.B.t(), factors.scale) is None:
-            return False                                    # the Python step would not use the kernel either
-        a, b_t = factors.A.detach().contiguous(), factors.B.detach().t().contiguous()
-        keep += [a, b_t]
-        slot.a, slot.bt, slot.rank, slot.scale = a.data_ptr(), b_t.data_ptr(), a.shape[0], factors.scale
-        slot.offset, slot.width = offset, width
+    deltas = (native.Delta * max(len(step.deltas), 1))()
+    for slot, delta in zip(deltas, step.deltas):
+        if delta.rows is not None:
+            rows = delta.rows.to(torch.int64).contiguous()
+            keep.append(rows)
+            slot.rows, slot.count = rows.data_ptr(), rows.numel()
+        slot.loras, slot.signs = len(delta.loras), len(delta.signs)
+        for lora, (offset, width, factors) in zip(slot.lora, delta.loras):
+            if native.lora_add_fn(factors.A, factors.B.t(), factors.scale) is None:
+                return False                                # the Python step would not use the kernel either
+            a, b_t = factors.A.detach().contiguous(), factors.B.detach().t().contiguous()
+            keep += [a, b_t]
+            lora.a, lora.bt, lora.rank, lora.scale = a.data_ptr(), b_t.data_ptr(), a.shape[0], factors.scale
+            lora.offset, lora.width = offset, width
+        for sign, (offset, width, module) in zip(slot.sign, delta.signs):
+            packed, alpha = module.packed.contiguous(), module.alpha.contiguous()
+            keep += [packed, alpha]
+            sign.signs, sign.alpha, sign.offset, sign.width = packed.data_ptr(), alpha.data_ptr(), offset, width
+    keep.append(deltas)
+    entry.deltas, entry.delta = len(step.deltas), deltas
     hot.extend(step.hot)
+    signs = [module for delta in step.deltas for _, _, module in delta.signs]
+    hot.extend((module, None) for module in signs)       # packed: valid while no dense copy replaces it
     return True
 
 
