@@ -163,6 +163,8 @@ export interface DecodePath {
   native_kernels_off?: string | null;
   /** why the forward is not the lean one */
   lean_refused?: string | null;
+  /** why the latest decode batch ran the Python step, not the one-call C step (never an error: the same numbers) */
+  c_step_fallback?: string | null;
 }
 
 export interface Embedding {

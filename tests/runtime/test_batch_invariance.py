@@ -1,5 +1,5 @@
 """A request decodes the same tokens alone as in any batch: on int4 weights (the CPU default), with
-the native C kernels and with torch's own, alone vs batched 1, 2, 4 and 8 rows of mixed variants
+the native C kernels and with torch's own, alone vs batched 1, 2, 4, 8 and 16 rows of mixed variants
 (plain base, PEFT LoRAs, a BitDelta hot and packed) and prompts of different lengths, greedy; and
 every decode step's logits bit for bit."""
 
@@ -87,6 +87,30 @@ def test_a_request_decodes_the_same_tokens_alone_and_in_any_batch(int4_engine):
             group = requests[start:start + size]
             assert tokens(resident, group) == alone[start:start + size], f"batch of {size} from {start}"
     assert tokens(resident, requests[::-1]) == alone[::-1]                  # other neighbours, other slots
+    assert tokens(resident, requests + requests[::-1]) == alone + alone[::-1]   # 16 rows
+
+
+def test_a_request_cancelled_mid_batch_leaves_the_other_rows_unchanged(int4_engine):
+    import threading
+
+    resident = int4_engine.resident("tiny")
+    requests = requests_for(int4_engine)[:5]                 # LoRAs, the base, the packed BitDelta twice:
+    packed = requests[4].variant                             # a batch the C step serves (where it builds)
+    requests[2] = GenerationRequest(requests[2].input_ids, packed, requests[2].params)
+    alone = [tokens(resident, [request])[0] for request in requests]
+    stop = threading.Event()
+    requests[2] = GenerationRequest(requests[2].input_ids, packed, requests[2].params, cancelled=stop)
+    out, reasons = {i: [] for i in range(5)}, {}
+    for deltas in generate(resident, requests):
+        for d in deltas:
+            if d.token_id is not None:
+                out[d.index].append(d.token_id)
+            if d.finish_reason:
+                reasons[d.index] = d.finish_reason
+        if len(out[2]) == 3:
+            stop.set()
+    assert reasons[2] == "cancelled" and out[2] == alone[2][:3]
+    assert [out[i] for i in (0, 1, 3, 4)] == [alone[i] for i in (0, 1, 3, 4)]
 
 
 def test_every_decode_step_has_the_same_logits_alone_and_batched(int4_engine, monkeypatch):

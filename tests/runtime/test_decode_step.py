@@ -10,6 +10,7 @@ import torch
 from tests.runtime.test_batch_invariance import NAMES, int4_engine, requests_for  # noqa: F401 (a fixture)
 from zenedge.kernels import native
 from zenedge.runtime import lean_llama
+from zenedge.runtime.decode import decode_path
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime import generate as generate_module
 from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
@@ -90,3 +91,18 @@ def test_silu_mul_is_silu_of_the_gate_times_up():
     assert torch.allclose(silu_mul(gu), torch.nn.functional.silu(gu[:, :40]) * gu[:, 40:], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="silu_mul"):
         silu_mul(gu[:, :60].contiguous())
+
+
+def test_a_batch_off_the_c_step_says_why_and_the_next_one_clears_it(int4_engine):
+    resident = int4_engine.resident("tiny")
+    all_requests = requests_for(int4_engine)
+    variants = {name: r.variant for name, r in zip(NAMES, all_requests)}
+
+    def run(names):
+        for _ in generate(resident, [GenerationRequest(all_requests[1].input_ids, variants[n],
+                                                       SamplingParams(max_tokens=3)) for n in names]):
+            pass
+        return decode_path(resident.model, resident.device, resident.weights).c_step_fallback
+
+    assert "dense BitDelta copy" in run(["lora-a", "delta", "tiny"])     # the hot copy serves one row only
+    assert run(["lora-a", "delta-packed", "tiny"]) is None

@@ -285,6 +285,8 @@ class DecodePath(BaseModel):
     native_kernels: bool = Field(description="zenedge's C kernels for the CPU are loaded")
     native_kernels_off: str | None = Field(None, description="why they are not")
     lean_refused: str | None = Field(None, description="why the forward is not the lean one")
+    c_step_fallback: str | None = Field(None, description="why the latest decode batch ran the Python step, not "
+                                                          "the one-call C step (never an error: the same numbers)")
 
 
 class ResidentBase(BaseModel):

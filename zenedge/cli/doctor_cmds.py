@@ -148,6 +148,8 @@ def _path_line(path: dict, device: str) -> tuple[str, str]:
         detail += f", {native}"
     if path["lean_refused"]:
         detail += f"; lean forward refused: {path['lean_refused']}"
+    if path.get("c_step_fallback"):
+        detail += f"; the latest batch ran the Python step: {path['c_step_fallback']}"
     slow = path["lean_refused"] or (device.startswith("cpu") and not path["native_kernels"])
     return "warn" if slow else "ok", detail
 

@@ -338,6 +338,7 @@ class DecodePath:
     native_kernels: bool        # zenedge's C kernels for the CPU are loaded (kernels/native/)
     native_kernels_off: str | None = None   # why they are not
     lean_refused: str | None = None         # why the forward is not the lean one
+    c_step_fallback: str | None = None      # why the latest decode batch ran the Python step, not the C step
 
 
 def decode_path(model, device: torch.device, weights: str, graphs: bool = True) -> DecodePath:
@@ -348,4 +349,5 @@ def decode_path(model, device: torch.device, weights: str, graphs: bool = True) 
     else:
         refused = lean_llama.refusal(model)
     off = native.off_reason() if device.type == "cpu" else f"the model is on {device.type}, not the CPU"
-    return DecodePath(stepper, "transformers" if refused else "lean", weights, off is None, off, refused)
+    return DecodePath(stepper, "transformers" if refused else "lean", weights, off is None, off, refused,
+                      lean_llama.c_step_fallback(model))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import logging
 from functools import partial
 
 import torch
@@ -39,6 +40,8 @@ from torch import nn
 from zenedge.kernels import native
 from zenedge.runtime import cpu_weights
 from zenedge.runtime.layers import bound, products, step_product
+
+log = logging.getLogger("zenedge.runtime")
 
 # model_type → (transformers module, class-name prefix). Mistral and Qwen2 are Llama's math exactly
 # once no layer slides its window (their only difference; the rule below refuses sliding): same
@@ -308,29 +311,40 @@ class FusedStep:
             return None                  # (checked first: a CUDA model never builds the CPU kernels)
         kernel = native.decode_step()
         if kernel is None:
-            return None
-        first = lean.layers[0]
-        heads, kv_heads, dim, scaling, intermediate = first[6], first[7], first[8], first[9], first[11].weight.shape[0]
-        if native.decode_attention_fn(heads, kv_heads, dim, scaling, weight.dtype, weight.device) is None:
-            return None
+            return None                  # (the decode path reports why the kernels are off)
         keep, hot = [], []
         layers = (native.Layer * len(lean.layers))()
+        refused = cls._fill(model, lean, batch, layers, keep, hot)
+        _remember_fallback(model, refused)
+        if refused is not None:
+            return None
+        first = lean.layers[0]
+        shape = native.Shape(weight.shape[1], first[6], first[7], first[8], first[11].weight.shape[0], first[9])
+        return cls(kernel, layers, shape, keep, hot)
+
+    @staticmethod
+    def _fill(model, lean, batch, layers, keep: list, hot: list) -> str | None:
+        """Fill the layers' structures; why the C step cannot run this batch, or None."""
+        first, weight = lean.layers[0], lean.embed.weight
+        heads, kv_heads, dim, scaling, intermediate = first[6], first[7], first[8], first[9], first[11].weight.shape[0]
+        if native.decode_attention_fn(heads, kv_heads, dim, scaling, weight.dtype, weight.device) is None:
+            return f"attention of {heads} heads over {kv_heads} of {dim}: not the C kernel's shape"
         for (i, _, q, k, v, o, h, h_kv, d, s, _, gate, up, down, act), layer, entry in zip(
                 lean.layers, list(model.model.layers), layers):
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if (h, h_kv, d, s) != (heads, kv_heads, dim, scaling) or act is not F.silu \
                     or up.weight.shape[0] != intermediate \
                     or any(n.weight.dtype != torch.float32 or n.weight.dim() != 1 for n in norms):
-                return None
+                return f"layer {i} differs from the first, or its activation is not SiLU"
             for name, linears in (("qkv", (q, k, v)), ("o", (o,)), ("gate_up", (gate, up)), ("down", (down,))):
-                if not _describe(getattr(entry, name), linears, batch, keep, hot):
-                    return None
+                refused = _describe(getattr(entry, name), linears, batch, keep, hot)
+                if refused is not None:
+                    return f"layer {i} {name}: {refused}"
             entry.norm1, entry.norm2 = (n.weight.detach().data_ptr() for n in norms)
             entry.eps1, entry.eps2 = (n.variance_epsilon for n in norms)
         keep += [layer.input_layernorm.weight for layer in model.model.layers]
         keep += [layer.post_attention_layernorm.weight for layer in model.model.layers]
-        shape = native.Shape(weight.shape[1], heads, kv_heads, dim, intermediate, scaling)
-        return cls(kernel, layers, shape, keep, hot)
+        return None
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view) -> bool:
         """Run the step on x [n, hidden] in place; False (nothing done) where it cannot: a dense
@@ -372,11 +386,14 @@ class FusedStep:
 def _describe(entry, linears, batch, keep: list, hot: list) -> bool:
     """Fill a native.Product with what the Python step multiplies `linears` by for a decode step
     of `batch` (layers.step_product: their int4 copies stacked, each variant's LoRA and sign slices
-    on its rows); False where the C step cannot do the same."""
+    on its rows); why the C step cannot do the same, or None."""
     step = step_product(linears, batch)
-    if step is None or type(step.weight) is not cpu_weights.NativeInt4Weight \
-            or any(len(d.loras) > native.MAX_SLICES or len(d.signs) > native.MAX_SLICES for d in step.deltas):
-        return False                                        # not the int4 kernel; too many slices
+    if step is None:
+        return "a bias, a dense BitDelta copy beside other rows' variants, or a delta no C kernel takes"
+    if type(step.weight) is not cpu_weights.NativeInt4Weight:
+        return "its weights are not the C int4 kernel's"
+    if any(len(d.loras) > native.MAX_SLICES or len(d.signs) > native.MAX_SLICES for d in step.deltas):
+        return f"a variant adds more than {native.MAX_SLICES} slices"
     tensors, pointers = step.weight._weights
     entry.codes, entry.scale, entry.zero = pointers
     entry.rows, entry.inputs = step.weight.rows, step.weight.inputs
@@ -390,7 +407,7 @@ def _describe(entry, linears, batch, keep: list, hot: list) -> bool:
         slot.loras, slot.signs = len(delta.loras), len(delta.signs)
         for lora, (offset, width, factors) in zip(slot.lora, delta.loras):
             if native.lora_add_fn(factors.A, factors.B.t(), factors.scale) is None:
-                return False                                # the Python step would not use the kernel either
+                return f"a LoRA of rank {factors.A.shape[0]} the C kernel does not take"
             a, b_t = factors.A.detach().contiguous(), factors.B.detach().t().contiguous()
             keep += [a, b_t]
             lora.a, lora.bt, lora.rank, lora.scale = a.data_ptr(), b_t.data_ptr(), a.shape[0], factors.scale
@@ -404,7 +421,26 @@ def _describe(entry, linears, batch, keep: list, hot: list) -> bool:
     hot.extend(step.hot)
     signs = [module for delta in step.deltas for _, _, module in delta.signs]
     hot.extend((module, None) for module in signs)       # packed: valid while no dense copy replaces it
-    return True
+    return None
+
+
+_FALLBACK_ATTR = "_zenedge_c_step_fallback"
+_logged_fallbacks: set[str] = set()
+
+
+def _remember_fallback(model: nn.Module, reason: str | None) -> None:
+    """Keep why the latest batch on `model` ran the Python step (None: the C step), for the decode
+    path's report (decode.decode_path: doctor, /api/ps); log each reason once per process. Never
+    an error: the Python step computes the same numbers."""
+    setattr(model, _FALLBACK_ATTR, reason)
+    if reason is not None and reason not in _logged_fallbacks:
+        _logged_fallbacks.add(reason)
+        log.info("a decode batch runs the Python step, not the one-call C step: %s", reason)
+
+
+def c_step_fallback(model: nn.Module) -> str | None:
+    """Why the latest decode batch on `model` ran the Python step instead of the C step, or None."""
+    return getattr(model, _FALLBACK_ATTR, None)
 
 
 def _decode_attention(heads: int, kv_heads: int, dim: int, scaling: float, like: torch.Tensor):

@@ -209,6 +209,7 @@ class _DecodePathRequired(TypedDict):
 class DecodePath(_DecodePathRequired, total=False):
     native_kernels_off: Union[str, None]
     lean_refused: Union[str, None]
+    c_step_fallback: Union[str, None]
 
 
 class _EmbeddingRequired(TypedDict):
