@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from zenedge.bench import bandwidth, report
 from zenedge.bench.agreement import PROMPTS, prefix_agreement
@@ -59,8 +60,10 @@ def result(**overrides):
         "gemv": {"float32 F.linear": {"ms": 40.0, "cpu_ms": 39.0, "bytes": 540_000_000, "gb_per_s": 13.5}},
         "machine": {"cpu": "test cpu", "cores": 2, "torch": "2.x", "threads": 1, "load_average_at_start": [1, 1, 1]},
         "rows": [row("transformers", "float32", "base", 10.0), row("zenedge", "bfloat16", "base", 20.0, 0.65),
-                 row("zenedge", "bfloat16", "LoRA r=8", 19.0), row("zenedge", "bfloat16", "BitDelta (hot, dense)", 17.0),
-                 row("zenedge", "float32", "base", 12.0)],
+                 row("zenedge", "bfloat16", "LoRA r=8", 19.0), row("zenedge", "bfloat16", "BitDelta (packed)", 17.0),
+                 row("zenedge", "float32", "base", 12.0), row("zenedge", "bfloat16", "base", 70.0, rows=4),
+                 dict(row("zenedge", "bfloat16", "mixed: 4 LoRA + 2 BitDelta + 2 base", 50.0, rows=8),
+                      vs_one_base_row=2.6)],
     }
     out.update(overrides)
     return out
@@ -72,7 +75,12 @@ def test_targets_compare_the_default_dtype_rows():
     assert speedup["value"] == pytest.approx(2.0) and speedup["met"] is False
     assert checks["decode bytes/s vs copy bandwidth"]["met"] is True
     assert checks["LoRA decode vs base"]["value"] == pytest.approx(0.95) and checks["LoRA decode vs base"]["met"]
-    assert checks["BitDelta decode vs base"]["met"] is False          # 0.85 < 0.9
+    assert checks["BitDelta, packed decode vs base"]["met"] is True   # 0.85: its own target
+    assert "BitDelta, dense copy decode vs base" not in checks           # not measured
+    four = checks["4 rows, base: aggregate vs one base row"]
+    assert four["value"] == pytest.approx(3.5) and four["met"] is True  # a batch row is not taken for one row
+    eight = checks["8 rows, mixed: 4 LoRA + 2 BitDelta + 2 base: aggregate vs one base row"]
+    assert eight["value"] == pytest.approx(2.6) and eight["met"] is False   # the per-round ratio, where recorded
     assert checks["cached variant switch"]["met"] is True
 
 
@@ -89,7 +97,7 @@ def test_markdown_has_every_row_and_every_target():
     assert sum("| base |" in line or "LoRA r=8 |" in line or "BitDelta" in line for line in table_rows) >= 5
     assert "2026-11-30" in text and "test cpu" in text and "**no**" in text
     assert "float32 F.linear 40.0 ms (13.5 GB/s" in text
-    assert text.count("| yes |") == 3
+    assert text.count("| yes |") == 5      # bandwidth, LoRA, packed BitDelta, 4 base rows, switch
 
 
 def test_importing_the_cli_and_the_bench_stays_free_of_torch():
@@ -123,3 +131,19 @@ def test_the_cpu_kernel_bench_measures_every_contender():
               *(r["ratio"] for r in results["decode_attention"].values())]
     assert len(ratios) == 9 and all(r > 0 for r in ratios)     # measured, not asserted: timings vary
     assert "30 layers streamed" in cpu_kernels.report(results)
+
+
+def test_mixed_batches_take_their_rows_as_the_targets_name_them():
+    from zenedge.bench.throughput import describe_mix, mixed_rows
+    from zenedge.merge.factors import LoraFactors
+    from zenedge.runtime.variants import BitDeltaModule, Variant
+
+    one = torch.zeros(1, 1)
+    loras = [Variant(f"l{i}", "lora", {"m": LoraFactors(one, one, 1.0)}) for i in range(4)]
+    deltas = [Variant(f"d{i}", "bitdelta", {"m": BitDeltaModule(one, one, 8)}) for i in range(2)]
+    eight = mixed_rows(8, loras, deltas)
+    assert describe_mix(eight) == report.BATCH_TARGETS[1][1]
+    assert len({id(v) for v in eight if v is not None}) == 6               # every LoRA and BitDelta once
+    assert describe_mix(mixed_rows(16, loras, deltas)) == report.BATCH_TARGETS[2][1]
+    assert describe_mix(mixed_rows(2, loras, deltas)) == "mixed: 1 LoRA + 1 BitDelta"
+    assert describe_mix([None] * 4) == report.BATCH_TARGETS[0][1]

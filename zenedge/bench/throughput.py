@@ -1,8 +1,11 @@
 """`zenedge bench run`: decode throughput on the real default base, in one process and one run.
 
 Rows: transformers' own `generate` (fp32, bf16) beside zenedge's loop for the plain base, a LoRA
-variant, a BitDelta variant (hot: dense weights; cold: the packed path) and a mixed batch of four
-variants, plus the reference loop (transformers' DynamicCache). Every row is timed once per round
+variant, a BitDelta variant (packed, as served by default; and with a dense copy,
+`runtime.bitdelta_dense = "always"`), batches of 1, 2, 4, 8 and 16 rows of the base alone and of
+mixed variants (LoRA, packed BitDelta and base rows: `mixed_rows`), plus the reference loop
+(transformers' DynamicCache). Each zenedge row of the default precision also gets its ratio to one
+base row, the median of the per-round ratios. Every row is timed once per round
 and the rounds interleave the rows, so a neighbour's load spike hits all rows alike; medians are
 reported. Besides tokens/s: cached variant switch and cold load times, bytes read per step, and
 the copy bandwidth measured in the same run (the bound decode tokens/s are compared with). Given a
@@ -276,9 +279,9 @@ def run_bench(options: Options, progress=_progress) -> dict:
                     "default_cpu_precision": dd}
     work = tempfile.TemporaryDirectory(prefix="zenedge-bench-variants-")
     try:
-        progress("making variants: 2 PEFT LoRAs (r=8, q/k/v/o), 2 BitDeltas")
+        progress("making variants: 4 PEFT LoRAs (r=8, q/k/v/o), 2 BitDeltas")
         w = Path(work.name)
-        lora_dirs = [make_lora(base_dir, w / f"lora-{i}", seed=i) for i in range(2)]
+        lora_dirs = [make_lora(base_dir, w / f"lora-{i}", seed=i) for i in range(4)]
         delta_files = [make_bitdelta(base_dir, w, w / f"delta-{i}.bitdelta", seed=10 + i) for i in range(2)]
 
         progress("loading residents and transformers' models")
@@ -292,7 +295,8 @@ def run_bench(options: Options, progress=_progress) -> dict:
         endless = {label: dataclasses.replace(r, eos_ids=(-1,)) for label, r in residents.items()}
 
         # Variants on the default precision, through the runtime's own cache and dense-copy
-        # manager (budget: room for all, so both BitDeltas are hot).
+        # manager (budget: room for all; the dense rows ask for copies, the others are served as
+        # the default serves them: packed).
         resident = residents[dd]
         cache = DeltaCache(64 << 30)
         dense = DenseBitDeltas(cache)
@@ -300,7 +304,7 @@ def run_bench(options: Options, progress=_progress) -> dict:
                  for i, d in enumerate(lora_dirs)]
         deltas = [dense.prepare(cache.get(f"delta-{i}", lambda p=p, i=i: load_bitdelta(f"delta-{i}", p, cpu)),
                                 resident.model, "always") for i, p in enumerate(delta_files)]
-        cold_delta = load_bitdelta("delta-cold", delta_files[0], cpu)        # never densified
+        packed = [load_bitdelta(f"packed-{i}", p, cpu) for i, p in enumerate(delta_files)]   # never densified
 
         result["cold_load_seconds"] = _cold_loads(lora_dirs[0], delta_files[0], resident, cpu, options.repeats)
         result["switch_ms"] = _switch_ms(cache, dense, resident, ["lora-0", "delta-0"], options.switches, cpu)
@@ -319,8 +323,13 @@ def run_bench(options: Options, progress=_progress) -> dict:
                 extras += [_dense_bytes(v) for v in variants if v is not None]
             return bandwidth.step_bytes(weights[label], extras, kv[label], [round(ctx)] * rows).total
 
-        mixed = [loras[0], loras[1], deltas[0], deltas[1]]
-        mixed_requests = [GenerationRequest(prompt, v, SamplingParams(max_tokens=n)) for v in mixed]
+        def batch(variants):
+            return [GenerationRequest(prompt, v, SamplingParams(max_tokens=n)) for v in variants]
+
+        def batch_case(variants, label):
+            distinct = list({id(v): v for v in variants}.values())
+            return Case("zenedge", "zenedge", dd, len(variants), label, zenedge_case(endless[dd], batch(variants)),
+                        bytes_for(dd, distinct, rows=len(variants)))
         cases = [Case("transformers generate", "transformers", label, 1, "base",
                       transformers_case(hf[dt], input_ids, n), bytes_for(label, [None]))
                  for label, (dt, _) in list(setups.items())[:2]]
@@ -330,13 +339,19 @@ def run_bench(options: Options, progress=_progress) -> dict:
             Case("zenedge", "zenedge", dd, 1, "base", zenedge_case(endless[dd], one(None)), bytes_for(dd, [None])),
             Case("zenedge", "zenedge", dd, 1, "LoRA r=8", zenedge_case(endless[dd], one(loras[0])),
                  bytes_for(dd, [loras[0]])),
-            Case("zenedge", "zenedge", dd, 1, "BitDelta (hot, dense)", zenedge_case(endless[dd], one(deltas[0])),
+            Case("zenedge", "zenedge", dd, 1, "BitDelta (packed)", zenedge_case(endless[dd], one(packed[0])),
+                 bytes_for(dd, [packed[0]])),
+            Case("zenedge", "zenedge", dd, 1, "BitDelta (dense copy)", zenedge_case(endless[dd], one(deltas[0])),
                  bytes_for(dd, [deltas[0]])),
-            Case("zenedge", "zenedge", dd, 1, "BitDelta (cold, packed)", zenedge_case(endless[dd], one(cold_delta)),
-                 bytes_for(dd, [cold_delta])),
-            Case("zenedge", "zenedge", dd, 4, "mixed: 2 LoRA + 2 BitDelta",
-                 zenedge_case(endless[dd], mixed_requests), bytes_for(dd, mixed, rows=4, mixed=True)),
+            Case("zenedge", "zenedge", dd, 4, "mixed, dense BitDelta copies: 2 LoRA + 2 BitDelta",
+                 zenedge_case(endless[dd], batch([loras[0], loras[1], deltas[0], deltas[1]])),
+                 bytes_for(dd, [loras[0], loras[1], deltas[0], deltas[1]], rows=4, mixed=True)),
         ]
+        for rows in BATCH_ROWS[1:]:
+            cases.append(batch_case([None] * rows, "base"))
+        for rows in BATCH_ROWS[1:]:
+            variants = mixed_rows(rows, loras, packed)
+            cases.append(batch_case(variants, describe_mix(variants)))
         cases += [Case("zenedge", "zenedge", label, 1, "base", zenedge_case(endless[label], one(None)),
                        bytes_for(label, [None])) for label in setups if label != dd]
         base_case = next(c for c in cases if c.engine == "zenedge" and c.dtype == dd and c.variant == "base")
@@ -356,6 +371,10 @@ def run_bench(options: Options, progress=_progress) -> dict:
         copy_after = bandwidth.copy_bandwidth()
         copy_bw = result["copy_bandwidth_bytes_per_s"] = statistics.median([result["copy_bandwidth_bytes_per_s"], copy_after])
         result["rows"] = [_summarise(c, len(prompt), n, copy_bw) for c in cases]
+        for row, case in zip(result["rows"], cases):
+            if case.engine == "zenedge" and case.dtype == dd:
+                row["vs_one_base_row"] = statistics.median(
+                    r / b for r, b in zip(case.decode_rates(n), base_case.decode_rates(n)))
         result["peers"] = [peers.summarise(p, base_case.decode_rates(n), copy_bw) for p in peer_rows]
         return result
     finally:
@@ -434,6 +453,40 @@ def gemv_speeds(residents: dict, repeats: int) -> dict:
         cpu = statistics.median(t[1] for t in timings[name])
         out[name] = {"ms": 1e3 * wall, "cpu_ms": 1e3 * cpu, "bytes": nbytes, "gb_per_s": nbytes / wall / 1e9}
     return out
+
+
+BATCH_ROWS = (1, 2, 4, 8, 16)
+# The order mixed batches take their rows in: 8 rows are 4 LoRA + 2 BitDelta + 2 base; 16 are each twice.
+_MIX = ("lora", "bitdelta", "base", "lora", "lora", "bitdelta", "base", "lora")
+
+
+def mixed_rows(rows: int, loras: list, deltas: list) -> list:
+    """`rows` variants mixed as a daemon's batch meets them: LoRAs, BitDeltas and the base in the
+    order _MIX gives, each kind's variants taken in turn."""
+    taken = {"lora": 0, "bitdelta": 0}
+    out = []
+    for i in range(rows):
+        kind = _MIX[i % len(_MIX)]
+        if kind == "base":
+            out.append(None)
+            continue
+        pool = loras if kind == "lora" else deltas
+        out.append(pool[taken[kind] % len(pool)])
+        taken[kind] += 1
+    return out
+
+
+def describe_mix(variants: list) -> str:
+    from zenedge.runtime.variants import BitDeltaModule
+
+    def kind(v):
+        if v is None:
+            return "base"
+        return "BitDelta" if any(isinstance(m, BitDeltaModule) for m in v.modules.values()) else "LoRA"
+    kinds = [kind(v) for v in variants]
+    if len(set(kinds)) == 1:
+        return "base" if kinds[0] == "base" else f"{kinds[0]} ×{len(kinds)}"
+    return "mixed: " + " + ".join(f"{kinds.count(k)} {k}" for k in ("LoRA", "BitDelta", "base") if k in kinds)
 
 
 def _summarise(case: Case, prompt_tokens: int, tokens: int, copy_bw: float) -> dict:

@@ -37,9 +37,10 @@ def _progress(message: str) -> None:
 @json_option
 def run(tokens: int, repeats: int, threads: int | None, background_load: int, base_dir: Path | None,
         llama_bench: Path | None, json_out: bool) -> None:
-    """Decode throughput: transformers' generate vs zenedge (base, LoRA, BitDelta, a mixed batch),
-    llama.cpp on the same GGUF when given, switch and cold-load times, bytes per token against the
-    copy bandwidth, and the CPU targets."""
+    """Decode throughput: transformers' generate vs zenedge (base, LoRA, BitDelta packed and dense,
+    batches of 2-16 rows of the base and of mixed variants, each against one base row), llama.cpp
+    on the same GGUF when given, switch and cold-load times, bytes per token against the copy
+    bandwidth, and the CPU targets."""
     from zenedge.bench.load import background_load as held
     from zenedge.bench.report import markdown, targets
     from zenedge.bench.throughput import Options, run_bench
