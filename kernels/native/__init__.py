@@ -128,6 +128,19 @@ def int4_gemm():
     return lib.zenedge_int4_gemm if lib is not None else None
 
 
+INT4_ROWS = 16              # int4_gemv.c's ROWS: rows of W per block of its layout
+
+
+def int4_layout(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    """int4_gemv.c's layout of int4 codes q [N, K] (0..15) with bf16 scale and zero [N, K/32]:
+    (codes uint8 [N/16, K/4, 32], scale and zero bf16 [N/16, K/32, 16]); N a multiple of 16."""
+    rows, inputs = q.shape
+    blocks = q.to(torch.uint8).view(rows // INT4_ROWS, INT4_ROWS, inputs // 4, 4).transpose(1, 2)   # [B, K/4, 16, 4]
+    codes = torch.stack((blocks[..., 0] | (blocks[..., 2] << 4), blocks[..., 1] | (blocks[..., 3] << 4)), -1)
+    per_block = [t.view(rows // INT4_ROWS, INT4_ROWS, -1).transpose(1, 2).contiguous() for t in (scale, zero)]
+    return codes.reshape(rows // INT4_ROWS, inputs // 4, 2 * INT4_ROWS).contiguous(), *per_block
+
+
 def int8_gemm():
     """`zenedge_int8_gemm(x, codes, scale, y, M, N, K)` (int8_gemv.c), or None."""
     lib = library()
@@ -353,16 +366,15 @@ def _check_private(library: Path) -> None:
 
 def _int4_ok(lib) -> bool:
     g = torch.Generator().manual_seed(0)
-    rows, inputs = 37, 128                          # an odd row count: the one-row tail too
+    rows, inputs = 48, 128                          # 3 blocks of 16 rows, 4 groups
     q = torch.randint(0, 16, (rows, inputs), generator=g, dtype=torch.uint8)
     scale = (torch.rand(rows, inputs // 32, generator=g) * 0.1).to(torch.bfloat16)
     zero = (torch.randn(rows, inputs // 32, generator=g) * 0.1).to(torch.bfloat16)
-    x = torch.randn(3, inputs, generator=g)
-    halves = q.view(rows, inputs // 64, 2, 32)
-    codes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, inputs // 2).contiguous()
-    y = torch.empty(3, rows)
-    if lib.zenedge_int4_gemm(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), y.data_ptr(),
-                             3, rows, inputs):
+    x = torch.randn(11, inputs, generator=g)        # 11 rows of x: a pass of 8 and one of 3
+    codes, block_scale, block_zero = int4_layout(q, scale, zero)
+    y = torch.empty(11, rows)
+    if lib.zenedge_int4_gemm(x.data_ptr(), codes.data_ptr(), block_scale.data_ptr(), block_zero.data_ptr(),
+                             y.data_ptr(), 11, rows, inputs):
         return False
     groups = q.float().view(rows, -1, 32) - 8
     weight = (groups * scale.float()[..., None] + zero.float()[..., None]).view(rows, inputs)

@@ -23,7 +23,7 @@ INT4 = (Int4Weight, NativeInt4Weight)
                                   pytest.param(NativeInt4Weight, marks=needs["native"])])
 def test_the_kernel_multiplies_by_the_dequantized_weight(kind):
     torch.manual_seed(0)
-    weight = torch.randn(50, 128) * 0.05 if kind is NativeInt4Weight else torch.randn(48, 96) * 0.05
+    weight = torch.randn(48, 128) * 0.05 if kind is NativeInt4Weight else torch.randn(48, 96) * 0.05
     fast = kind(weight)
     x = torch.randn(5, weight.shape[1])
     deq = fast.dequantized()
@@ -48,9 +48,11 @@ def test_the_kernel_multiplies_by_the_dequantized_weight(kind):
 def test_the_native_int4_kernel_multiplies_by_torchs_int4_weights(rows):
     """The same codes, scales and zeros as torch's int4 copy: the same dequantized weight (up to
     the bf16 rounding torch's kernel gives its output), products in fp32 that torch's kernel rounds
-    to bf16; odd row counts exercise the kernel's one-row tail; bf16 inputs come back bf16."""
+    to bf16; rows of x in passes of 8 and a remainder; bf16 inputs come back bf16; a weight whose
+    rows are not whole blocks of 16 is not the C kernel's."""
     torch.manual_seed(1)
-    weight = torch.randn(67, 192) * 0.05
+    weight = torch.randn(80, 192) * 0.05
+    assert not NativeInt4Weight.fits(weight[:67]) and NativeInt4Weight.fits(weight)
     ours, torchs = NativeInt4Weight(weight[:64]), Int4Weight(weight[:64])
     assert torch.allclose(ours.dequantized(), torchs.dequantized(), rtol=2 ** -8, atol=1e-6)
     x = torch.randn(rows, 192)
@@ -58,11 +60,11 @@ def test_the_native_int4_kernel_multiplies_by_torchs_int4_weights(rows):
     assert (ours.linear(x, None) - exact).abs().max() < 1e-4 * exact.abs().max()
     assert (torchs.linear(x, None) - exact).abs().max() < 1e-2 * exact.abs().max()   # bf16 outputs
     odd = NativeInt4Weight(weight)
-    y = odd.linear(x, torch.ones(67))
+    y = odd.linear(x, torch.ones(80))
     assert torch.allclose(y - 1, x.bfloat16().float() @ odd.dequantized().t(), rtol=1e-4, atol=1e-4)
     assert odd.linear(x.bfloat16(), None).dtype == torch.bfloat16
-    batch = torch.randn(7, 192)                                       # one row of x, or tiles of up to 4
-    assert all(torch.equal(odd.linear(batch, None)[i], odd.linear(batch[i:i + 1], None)[0]) for i in range(7))
+    batch = torch.randn(11, 192)                                      # a pass of 8 rows of x and one of 3
+    assert all(torch.equal(odd.linear(batch, None)[i], odd.linear(batch[i:i + 1], None)[0]) for i in range(11))
     with pytest.raises(ValueError, match="features"):                 # the C kernel trusts its shapes: we check
         odd.linear(torch.randn(rows, 128), None)
 
@@ -107,8 +109,9 @@ def test_shapes_the_int4_kernel_cannot_take_stay_plain(monkeypatch):
     assert fast_copy(torch.randn(32, 48), "int4") is None                # in not a multiple of 32
     assert type(fast_copy(torch.randn(32, 96), "int4")) is Int4Weight    # the C kernel takes whole 64-input blocks
     assert isinstance(fast_copy(torch.randn(33, 48), "int8"), Int8Weight)   # int8 takes any shape
-    if native.int4_gemm() is not None:                                   # ours takes any row count
-        assert type(fast_copy(torch.randn(33, 64), "int4")) is NativeInt4Weight
+    if native.int4_gemm() is not None:                                   # ours takes blocks of 16 rows
+        assert type(fast_copy(torch.randn(48, 64), "int4")) is NativeInt4Weight
+        assert fast_copy(torch.randn(33, 64), "int4") is None
     monkeypatch.setattr(NativeInt4Weight, "fits", classmethod(lambda cls, weight: False))   # torch's alone
     assert fast_copy(torch.randn(33, 64), "int4") is None                # out not a multiple of 16
     assert type(fast_copy(torch.randn(32, 64), "int4")) is Int4Weight
@@ -124,15 +127,15 @@ def test_stacked_int4_copies_multiply_like_their_parts_side_by_side(kind):
     assert torch.equal(stacked.linear(x, None), apart)
     assert stacked.nbytes >= sum(p.nbytes for p in parts)
     # The parts now read their rows of the stacked codes (no second copy) and still multiply alike.
-    codes = "packed" if kind is Int4Weight else "codes"
-    assert getattr(parts[1], codes).data_ptr() == getattr(stacked, codes)[128:].data_ptr()
+    codes, first = ("packed", 128) if kind is Int4Weight else ("codes", 128 // native.INT4_ROWS)   # rows, blocks
+    assert getattr(parts[1], codes).data_ptr() == getattr(stacked, codes)[first:].data_ptr()
     assert torch.equal(torch.cat([p.linear(x, None) for p in parts], dim=-1), apart)
     assert cpu_weights.stacked(parts) is stacked                                                         # made once
     assert cpu_weights.stacked([Int8Weight(torch.randn(64, 128))] * 2) is None                           # int4 only
     if kind is Int4Weight:
         assert cpu_weights.stacked([kind(torch.randn(48, 128)), kind(torch.randn(64, 128))]) is None    # part of a 64-row block
     else:
-        odd = [kind(torch.randn(rows, 128)) for rows in (48, 17)]                                          # any rows
+        odd = [kind(torch.randn(rows, 128)) for rows in (48, 32)]                          # whole 16-row blocks
         assert torch.equal(torch.cat([p.linear(x, None) for p in odd], -1), cpu_weights.stacked(odd).linear(x, None))
 
 
@@ -154,7 +157,7 @@ def test_settle_stacks_the_groups_and_moves_the_copies_without_changing_a_produc
     assert all(torch.equal(copy.linear(inputs[name], None), before[name]) for name, copy in copies.items())
     qkv = cpu_weights.stacked([copies["l.q_proj"], copies["l.k_proj"], copies["l.v_proj"]])   # made by settle
     assert qkv is copies["l.q_proj"]._stacked[1]
-    assert copies["l.k_proj"].codes.data_ptr() == qkv.codes[128:].data_ptr()
+    assert copies["l.k_proj"].codes.data_ptr() == qkv.codes[128 // native.INT4_ROWS:].data_ptr()   # blocks of rows
     assert torch.equal(qkv.linear(inputs["l.q_proj"], None),
                        torch.cat([copies[n].linear(inputs["l.q_proj"], None) for n in ("l.q_proj", "l.k_proj", "l.v_proj")], -1))
     blocks = {copy.codes.untyped_storage().data_ptr() for copy in copies.values()}

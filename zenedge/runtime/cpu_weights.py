@@ -192,23 +192,21 @@ class Int4Weight(CpuWeight):
 class NativeInt4Weight(CpuWeight):
     """The same int4 weights as Int4Weight (same codes, scales and zeros: the same dequantized
     W, the same bytes), multiplied by zenedge's C kernel (kernels/native/int4_gemv.c), fp32 in and out:
-    no casts around the call. Used where the kernel builds and the inputs are whole 64-wide
-    blocks. Rows are independent: stacked copies share the parts' memory entirely."""
+    no casts around the call, laid out in blocks of 16 rows (native.int4_layout). Used where the
+    kernel builds, the inputs are whole 64-wide blocks and the rows whole blocks of 16. Blocks are
+    independent: stacked copies share the parts' memory entirely."""
 
     GROUP = 32
     lossy = True
 
     def __init__(self, weight: torch.Tensor):
         q, scale, zero = _int4_quantized(weight, self.GROUP)
-        out, inp = q.shape
-        # codes [out, in/2]: per 64 inputs, byte j = q[j] | q[32 + j] << 4 (the kernel's layout)
-        halves = q.to(torch.uint8).view(out, inp // 64, 2, 32)
-        self.codes = (halves[:, :, 0] | (halves[:, :, 1] << 4)).view(out, inp // 2)
-        self.scale, self.zero = scale, zero                          # bf16 [out, in/GROUP]
+        # blocks of 16 rows side by side (native.int4_layout: the kernel's layout)
+        self.codes, self.scale, self.zero = native.int4_layout(q, scale, zero)
         self._set_size()
 
     def _set_size(self):
-        self.rows, self.inputs = self.codes.shape[0], self.codes.shape[1] * 2
+        self.rows, self.inputs = self.codes.shape[0] * native.INT4_ROWS, self.codes.shape[1] * 4
         self.nbytes = self.codes.numel() + (self.scale.numel() + self.zero.numel()) * 2
         # What every call passes, looked up once: the pointers together with their tensors, in
         # one attribute, so a call that read it holds the memory it points to even if `stacked`
@@ -219,7 +217,8 @@ class NativeInt4Weight(CpuWeight):
 
     @classmethod
     def fits(cls, weight: torch.Tensor) -> bool:
-        return weight.shape[1] % 64 == 0 and weight.shape[1] <= native.MAX_INPUTS and native.int4_gemm() is not None
+        return weight.shape[1] % 64 == 0 and weight.shape[1] <= native.MAX_INPUTS \
+            and weight.shape[0] % native.INT4_ROWS == 0 and native.int4_gemm() is not None
 
     def _matmul(self, flat):
         if flat.shape[-1] != self.inputs:   # the kernel trusts its shapes: check them here
@@ -254,9 +253,10 @@ class NativeInt4Weight(CpuWeight):
             p = ref()
             if p is None:
                 continue
-            p.codes, p.scale, p.zero = (getattr(self, name)[start:start + p.rows] for name in self.TENSORS)
+            blocks = p.rows // native.INT4_ROWS
+            p.codes, p.scale, p.zero = (getattr(self, name)[start:start + blocks] for name in self.TENSORS)
             p._set_size()
-            start += p.rows
+            start += blocks
 
     def dequantized(self) -> torch.Tensor:
         """The weight the kernel multiplies by, in fp32 (for tests and quality checks)."""
