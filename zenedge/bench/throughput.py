@@ -44,11 +44,13 @@ class Options:
 
 @dataclass
 class Timing:
-    """One generation: seconds to the first token (prefill + one sample) and for the rest."""
+    """One generation: seconds until every row has its first token (the prompts prefilled) and for
+    the rest; `decode_tokens`: the tokens of the rest, where counted (else rows × (tokens - 1))."""
 
     prefill_wall: float
     decode_wall: float
     decode_cpu: float
+    decode_tokens: int | None = None
 
 
 @dataclass
@@ -70,7 +72,7 @@ class Case:
 
     def decode_rates(self, tokens: int) -> list[float]:
         """tokens/s of each round's decode steps (the first token comes from the prefill)."""
-        return [self.rows * max(tokens - 1, 1) / t.decode_wall for t in self.timings]
+        return [(t.decode_tokens or self.rows * max(tokens - 1, 1)) / t.decode_wall for t in self.timings]
 
 
 def _progress(message: str) -> None:
@@ -114,9 +116,9 @@ class _Clock:
         if self.first is None:
             self.first, self.first_cpu = time.perf_counter(), time.process_time()
 
-    def done(self) -> Timing:
+    def done(self, decode_tokens: int | None = None) -> Timing:
         end, end_cpu = time.perf_counter(), time.process_time()
-        return Timing(self.first - self.start, end - self.first, end_cpu - self.first_cpu)
+        return Timing(self.first - self.start, end - self.first, end_cpu - self.first_cpu, decode_tokens)
 
 
 class _Streamer:
@@ -155,10 +157,18 @@ def zenedge_case(resident, requests, stepper: str = "auto") -> Callable[[], Timi
     from zenedge.runtime.generate import generate
 
     def run() -> Timing:
-        clock = _Clock()
-        for _ in generate(resident, requests, stepper=stepper):
-            clock.token()
-        return clock.done()
+        # Decode is timed from the tick in which the last row got its first token: before it, the
+        # batch still prefills prompts (in chunks between steps), which is not what a step costs.
+        clock, started, decoded = _Clock(), set(), 0
+        for deltas in generate(resident, requests, stepper=stepper):
+            tokens = [d.index for d in deltas if d.token_id is not None]
+            if clock.first is not None:
+                decoded += len(tokens)
+                continue
+            started.update(tokens)
+            if len(started) == len(requests):
+                clock.token()
+        return clock.done(decoded)
 
     return run
 
@@ -491,17 +501,16 @@ def describe_mix(variants: list) -> str:
 
 def _summarise(case: Case, prompt_tokens: int, tokens: int, copy_bw: float) -> dict:
     prefill = statistics.median(t.prefill_wall for t in case.timings)
-    decode = statistics.median(t.decode_wall for t in case.timings)
-    decode_cpu = statistics.median(t.decode_cpu for t in case.timings)
-    steps = max(tokens - 1, 1)
-    step_s = decode / steps
+    rates = case.decode_rates(tokens)
+    per_cpu = [rate * t.decode_wall / t.decode_cpu for rate, t in zip(rates, case.timings) if t.decode_cpu > 0]
+    step_s = case.rows / statistics.median(rates)          # a step gives every row one token
     return {
         "name": case.name, "engine": case.engine, "dtype": case.dtype, "rows": case.rows, "variant": case.variant,
         "prefill_tokens_per_s": case.rows * prompt_tokens / prefill,
-        "decode_tokens_per_s": case.rows * steps / decode,
-        "decode_tokens_per_cpu_s": case.rows * steps / decode_cpu if decode_cpu > 0 else float("nan"),
+        "decode_tokens_per_s": statistics.median(rates),
+        "decode_tokens_per_cpu_s": statistics.median(per_cpu) if per_cpu else float("nan"),
         "ms_per_step": 1e3 * step_s,
-        "ms_per_step_best": 1e3 * min(t.decode_wall for t in case.timings) / steps,
+        "ms_per_step_best": 1e3 * case.rows / max(rates),
         "bytes_per_step": case.bytes_per_step,
         "bandwidth_fraction": bandwidth.ratio(case.bytes_per_step / step_s, copy_bw),
         "samples": len(case.timings),

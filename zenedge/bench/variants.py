@@ -29,8 +29,10 @@ def make_lora(base_dir: Path, out: Path, *, seed: int, rank: int = 8) -> Path:
     return out
 
 
-def make_bitdelta(base_dir: Path, work: Path, out: Path, *, seed: int, scale: float = 2e-3) -> Path:
-    """A .bitdelta file: base + scale·N(0,1) on every decoder 2-D weight, compressed."""
+def make_bitdelta(base_dir: Path, work: Path, out: Path, *, seed: int, scale: float = 2e-3,
+                  base_sha256: str | None = None) -> Path:
+    """A .bitdelta file: base + scale·N(0,1) on every decoder 2-D weight, compressed (`base_sha256`:
+    the base's digest as a store knows it, else the compressor's own)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -44,7 +46,7 @@ def make_bitdelta(base_dir: Path, work: Path, out: Path, *, seed: int, scale: fl
                 param.add_(scale * torch.randn_like(param))
     tuned = work / f"finetuned-{seed}"
     model.save_pretrained(tuned)
-    compress_model(base_dir, tuned, out)
+    compress_model(base_dir, tuned, out, base_sha256=base_sha256)
     return out
 
 

@@ -104,7 +104,7 @@ def _int_list(ctx, param, value: str) -> tuple[int, ...]:
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers like 2,3,4,5, got {value!r}") from None
     if any(k < 1 for k in slots):
-        raise click.BadParameter("slot counts must be at least 1")
+        raise click.BadParameter("every value must be at least 1")
     return slots
 
 
@@ -188,6 +188,21 @@ def load(background_load: int, rounds: int, out: Path | None, json_out: bool) ->
     from zenedge.bench import under_load
 
     _report(under_load.run(load=background_load, rounds=rounds, log=_progress), out, json_out, under_load.table)
+
+
+@bench.command("serve")
+@click.option("--clients", default="1,4,8,16", show_default=True, callback=_int_list,
+              help="Concurrent clients, each on its own profile (1 must be among them for the ratios).")
+@click.option("--tokens", type=click.IntRange(2, 4096), default=64, show_default=True, help="New tokens per request.")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the result as JSON here.")
+@json_option
+def serve(clients: tuple[int, ...], tokens: int, out: Path | None, json_out: bool) -> None:
+    """Many clients at once through a real daemon: N streaming `openai` clients on N profiles
+    (LoRA and BitDelta) together and one after another: aggregate tokens/s, time to first token,
+    inter-token latency (a fresh home; a few minutes)."""
+    from zenedge.bench import serve as serving
+
+    _report(serving.run(clients=clients, tokens=tokens, log=_progress), out, json_out, serving.table)
 
 
 def _report(result: dict, out: Path | None, json_out: bool, table) -> None:
