@@ -141,6 +141,19 @@ def int4_layout(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
     return codes.reshape(rows // INT4_ROWS, inputs // 4, 2 * INT4_ROWS).contiguous(), *per_block
 
 
+def int8_layout(codes: torch.Tensor, scale: torch.Tensor):
+    """int8_gemv.c's layout of int8 codes [N, K] with fp16 scales [N, K/32]: (codes int8 [B, K, 16],
+    scale fp16 [B, K/32, 16]) for B = ceil(N/16) blocks, rows past N zero."""
+    rows = codes.shape[0]
+    pad = -rows % INT4_ROWS
+    blocks = []
+    for t in (codes, scale):
+        if pad:
+            t = torch.cat((t, t.new_zeros((pad, t.shape[1]))))
+        blocks.append(t.view(-1, INT4_ROWS, t.shape[1]).transpose(1, 2).contiguous())
+    return blocks[0], blocks[1]
+
+
 def int8_gemm():
     """`zenedge_int8_gemm(x, codes, scale, y, M, N, K)` (int8_gemv.c), or None."""
     lib = library()
@@ -383,12 +396,14 @@ def _int4_ok(lib) -> bool:
 
 def _int8_ok(lib) -> bool:
     g = torch.Generator().manual_seed(0)
-    rows, inputs = 39, 96                           # rows: 4-row blocks and a tail; 3 groups
+    rows, inputs = 39, 96                           # rows: 16-row blocks and a partial one; 3 groups
     codes = torch.randint(-127, 128, (rows, inputs), generator=g, dtype=torch.int8)
     scale = (torch.rand(rows, inputs // 32, generator=g) * 0.01).half()
-    x = torch.randn(6, inputs, generator=g)          # 6 rows of x: a pass of 4 and one of 2
-    y = torch.empty(6, rows)
-    if lib.zenedge_int8_gemm(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), 6, rows, inputs):
+    x = torch.randn(11, inputs, generator=g)         # 11 rows of x: a pass of 8 and one of 3
+    y = torch.empty(11, rows)
+    block_codes, block_scale = int8_layout(codes, scale)
+    if lib.zenedge_int8_gemm(x.data_ptr(), block_codes.data_ptr(), block_scale.data_ptr(), y.data_ptr(), 11, rows,
+                             inputs):
         return False
     weight = (codes.float().view(rows, -1, 32) * scale.float()[..., None]).view(rows, inputs)
     return bool(torch.allclose(y, x @ weight.t(), rtol=1e-4, atol=1e-5))

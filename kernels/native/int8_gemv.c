@@ -1,97 +1,84 @@
-/* y = x·Wᵀ for int8 W with one fp16 scale per 32 inputs (llama.cpp's Q8_0, codes and scales in
- * two arrays), fp32 x and y, one CPU core with AVX-512: the output head of an int4 model.
+/* y = x·Wᵀ for int8 W with one fp16 scale per 32 inputs (llama.cpp's Q8_0), fp32 x and y, one CPU
+ * core with AVX-512: the output head of an int4 model.
  *
  * The head is the largest weight a decode step reads (SmolLM2-135M: 49152 × 576, 57 MB in bf16,
  * 45 % of the step's bytes). In this format it is 30 MB, and for a base that came from a GGUF
  * whose embedding is Q8_0 (the embedded default base) it is the file's own numbers exactly: the
- * bf16 copy rounded them. x stays fp32 (no bf16 rounding of the activations either): per group,
- * the codes are widened to fp32 and multiplied with x by FMAs, then scaled once.
+ * bf16 copy rounded them. x stays fp32 (no bf16 rounding of the activations either).
  *
- * Every (W row, x row) sum takes the same steps whatever M and the rows around it: per group g in
- * order, d = q[0:16]·x[0:16] (mul), d += q[16:32]·x[16:32] (FMA), acc += d·s_g (FMA), then one
- * reduction; so a request's logits are the same alone as in a batch.
+ * As in int4_gemv.c, W is laid out in blocks of 16 rows, one row per fp32 lane: per input, the 16
+ * rows' codes are widened to fp32 once (shared by every row of x) and each row of x adds them times
+ * its input, broadcast, in one FMA; per group of 32 inputs the 16 sums are scaled by their rows'
+ * scales in one more. No horizontal sums. Every (W row, x row) sum takes the same steps whatever M
+ * and the rows around it (per group g in order: d = Σ_k q_k·x_k by FMAs in input order from 0,
+ * then acc += d·s_g), so a request's logits are the same alone as in a batch.
  *
- * Layout (made by zenedge/runtime/cpu_weights.py, NativeInt8Weight): codes int8 [N, K], scale
- * fp16 [N, K/32], row-major; x fp32 [M, K], y fp32 [M, N]. K a multiple of 32, at most
- * MAX_INPUTS. Returns 0; -2 for a K it does not take (nothing written then).
+ * Layout (made by zenedge/runtime/cpu_weights.py, NativeInt8Weight, through native.int8_layout):
+ * codes int8 [B, K, 16], scale fp16 [B, K/32, 16] for B = ceil(N/16) blocks (rows past N: zeros);
+ * x fp32 [M, K], y fp32 [M, N]. K a multiple of 32, at most MAX_INPUTS. Returns 0; -2 for a K it
+ * does not take (nothing written then).
  */
 #include <immintrin.h>
 #include <stdint.h>
 
 #define MAX_INPUTS 32768
-#define MAX_GROUPS (MAX_INPUTS / 32)
-#define ROWS 4        /* rows of W per block: independent FMA chains, each x slice loaded once */
-#define XROWS 4       /* rows of x per pass over a block: its codes widened once for them */
+#define ROWS 16       /* rows of W per block: the vector's fp32 lanes */
+#define MAX_TILE 8    /* rows of x per pass over a block: two accumulators each stay in registers */
+#define BLOCKS_AHEAD 2
 
-/* Rows n..n+R-1 of W against rows m0..m0+MC-1 of x. Constant R and MC: inlined, unrolled. */
-static inline __attribute__((always_inline)) void tile(const int8_t *codes, const float *s, const float *x,
-                                                       float *y, int64_t N, int64_t K, int64_t n, int64_t m0,
-                                                       const int8_t *ahead, const int R, const int MC) {
+/* One block of W against MC rows of x from m0 (MC constant: unrolled, in registers); `live`: the
+   block's rows that exist (the last block may be partial). */
+static inline __attribute__((always_inline)) void block(const int8_t *codes, const int8_t *ahead,
+                                                        const uint16_t *scale, const float *x, int64_t K,
+                                                        int64_t m0, float *y, int64_t N, int64_t n, __mmask16 live,
+                                                        const int MC) {
     const int64_t groups = K / 32;
-    __m512 acc[ROWS][XROWS];
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < MC; i++)
-            acc[r][i] = _mm512_setzero_ps();
+    __m512 acc[MAX_TILE];
+    for (int i = 0; i < MC; i++)
+        acc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
-        __m512 lo[ROWS], hi[ROWS];
-        for (int r = 0; r < R; r++) {
-            const int8_t *q = codes + (n + r) * K + g * 32;
-            if (g % 2 == 0)   /* one cache line per two groups, 8 rows ahead, into L2 (int4_gemv.c) */
-                _mm_prefetch((const char *)(ahead + r * K + g * 32), _MM_HINT_T1);
-            lo[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
-            hi[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
-        }
-        for (int i = 0; i < MC; i++) {
-            const float *xm = x + (m0 + i) * K + g * 32;
-            const __m512 x_lo = _mm512_loadu_ps(xm), x_hi = _mm512_loadu_ps(xm + 16);
-            for (int r = 0; r < R; r++) {
-                __m512 d = _mm512_fmadd_ps(hi[r], x_hi, _mm512_mul_ps(lo[r], x_lo));
-                acc[r][i] = _mm512_fmadd_ps(d, _mm512_set1_ps(s[r * MAX_GROUPS + g]), acc[r][i]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
+        const int8_t *c = codes + g * 32 * ROWS;
+        __m512 dot[MAX_TILE];
         for (int i = 0; i < MC; i++)
-            y[(m0 + i) * N + n + r] = _mm512_reduce_add_ps(acc[r][i]);
-}
-
-/* fp16 → fp32 scales of R rows into s[r * MAX_GROUPS + g] */
-static inline void widen_scales(const uint16_t *scale, int64_t groups, int R, float *s) {
-    for (int r = 0; r < R; r++)
-        for (int64_t g = 0; g < groups; g += 16) {
-            __mmask16 live = groups - g >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (groups - g)) - 1);
-            __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, scale + r * groups + g));
-            _mm512_mask_storeu_ps(s + r * MAX_GROUPS + g, live, v);
+            dot[i] = _mm512_setzero_ps();
+        for (int k = 0; k < 32; k++) {
+            if (!(k & 3))   /* one cache line per 4 inputs, BLOCKS_AHEAD blocks ahead, into L2 */
+                _mm_prefetch((const char *)(ahead + g * 32 * ROWS + k * ROWS), _MM_HINT_T1);
+            const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + k * ROWS))));
+            for (int i = 0; i < MC; i++)
+                dot[i] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[(m0 + i) * K + g * 32 + k]), dot[i]);
         }
-}
-
-#define PASSES(R)                                                                                  \
-    for (int64_t m0 = 0; m0 < M; m0 += XROWS) {                                                   \
-        switch (M - m0 >= XROWS ? XROWS : (int)(M - m0)) {                                         \
-        case 4: tile(codes, s, x, y, N, K, n, m0, ahead, R, 4); break;                             \
-        case 3: tile(codes, s, x, y, N, K, n, m0, ahead, R, 3); break;                             \
-        case 2: tile(codes, s, x, y, N, K, n, m0, ahead, R, 2); break;                             \
-        default: tile(codes, s, x, y, N, K, n, m0, ahead, R, 1); break;                            \
-        }                                                                                          \
+        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scale + g * ROWS)));
+        for (int i = 0; i < MC; i++)
+            acc[i] = _mm512_fmadd_ps(dot[i], s, acc[i]);
     }
+    for (int i = 0; i < MC; i++)
+        _mm512_mask_storeu_ps(y + (m0 + i) * N + n, live, acc[i]);
+}
 
 int zenedge_int8_gemm(const float *x, const int8_t *codes, const uint16_t *scale, float *y, int64_t M,
                       int64_t N, int64_t K) {
-    const int64_t groups = K / 32;
     if (K % 32 || K > MAX_INPUTS)
         return -2;
-    float s[ROWS * MAX_GROUPS];   /* the block's scales in fp32 */
-    int64_t n = 0;
-    for (; n + ROWS <= N; n += ROWS) {
-        /* the rows two blocks ahead: streaming the head, the hardware prefetcher alone falls behind */
-        const int8_t *ahead = codes + (n + 3 * ROWS <= N ? n + 2 * ROWS : n) * K;
-        widen_scales(scale + n * groups, groups, ROWS, s);
-        PASSES(ROWS)
-    }
-    for (; n < N; n++) {          /* the last N % 4 rows, one at a time: the same steps per sum */
-        const int8_t *ahead = codes + n * K;
-        widen_scales(scale + n * groups, groups, 1, s);
-        PASSES(1)
+    const int64_t blocks = (N + ROWS - 1) / ROWS, block_bytes = ROWS * K, block_scales = ROWS * (K / 32);
+    for (int64_t b = 0; b < blocks; b++) {
+        const int8_t *c = codes + b * block_bytes;
+        const int8_t *ahead = b + BLOCKS_AHEAD < blocks ? c + BLOCKS_AHEAD * block_bytes : c;
+        const uint16_t *s = scale + b * block_scales;
+        const int64_t left = N - b * ROWS;
+        const __mmask16 live = left >= ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {
+            switch (M - m0 >= MAX_TILE ? MAX_TILE : (int)(M - m0)) {
+            case 8: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 8); break;
+            case 7: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 7); break;
+            case 6: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 6); break;
+            case 5: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 5); break;
+            case 4: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 4); break;
+            case 3: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 3); break;
+            case 2: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 2); break;
+            default: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 1); break;
+            }
+        }
     }
     return 0;
 }

@@ -280,7 +280,9 @@ class NativeInt8Weight(CpuWeight):
         scale = self.scale.float()[..., None]
         # codes from the stored (fp16) scale, so W ≈ q·scale holds for the numbers the kernel reads
         q = groups / scale.masked_fill(scale == 0, 1.0)                # an all-zero group: codes 0
-        self.codes = q.round_().clamp_(-127, 127).to(torch.int8).view(out, inp)
+        codes = q.round_().clamp_(-127, 127).to(torch.int8).view(out, inp)
+        # blocks of 16 rows side by side (native.int8_layout: the kernel's layout)
+        self.codes, self.scale = native.int8_layout(codes, self.scale)
         self.rows, self.inputs = out, inp
         self.nbytes = self.codes.numel() + self.scale.numel() * 2
         self._kernel = native.int8_gemm()
@@ -307,7 +309,8 @@ class NativeInt8Weight(CpuWeight):
 
     def dequantized(self) -> torch.Tensor:
         """The weight the kernel multiplies by, in fp32 (for tests and quality checks)."""
-        groups = self.codes.float().view(self.rows, -1, self.GROUP) * self.scale.float()[..., None]
+        codes, scale = (t.transpose(1, 2).reshape(-1, t.shape[1])[:self.rows] for t in (self.codes, self.scale))
+        groups = codes.float().view(self.rows, -1, self.GROUP) * scale.float()[..., None]
         return groups.view(self.rows, self.inputs)
 
 
