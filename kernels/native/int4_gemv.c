@@ -13,6 +13,8 @@
  *     row of W: 32 products per instruction, shared unpacking, no horizontal sums;
  *   - per group of 32 inputs W = (q - 8)·s + z, so Σ x·W = s·Σ x(128 + q) + (z - 136 s)·Σ x: per
  *     group two FMAs for 16 rows (its scales s and its zero terms against the group sum of x).
+ *     The dot products of the low and the high nibbles run in two chains (an instruction waits on
+ *     the one before in its chain), added before the scale: 0.85-0.91x the time of one chain.
  *
  * Decode streams every weight from memory, so bytes decide: scales and zeros stay bf16 (4 bytes
  * per 32 weights, as torch's kernel reads).
@@ -52,8 +54,8 @@ static inline __m512 widen_bf16(const uint16_t *p) {
 
 /* One block of 16 rows of W against MC rows of x from x row m0 (MC constant: unrolled, in
    registers). xp: x in bf16 as pairs of inputs (uint32 [M, K/2]); sums: Σ of each group of bf16
-   x [M, K/32]. Every (W row, x row) sum: per group, 16 dot products into a fresh vector, then
-   acc += dot·s, acc += (z - 136 s)·Σx; the same steps for any MC. */
+   x [M, K/32]. Every (W row, x row) sum: per group, 8 dot products into each of two fresh
+   vectors, then acc += (a + b)·s, acc += (z - 136 s)·Σx; the same steps for any MC. */
 static inline __attribute__((always_inline)) void block(const uint8_t *codes, const uint8_t *ahead,
                                                         const uint16_t *scale, const uint16_t *zero,
                                                         const uint32_t *xp, const float *sums, int64_t K,
@@ -65,9 +67,9 @@ static inline __attribute__((always_inline)) void block(const uint8_t *codes, co
     for (int i = 0; i < MC; i++)
         acc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
-        __m512 dot[MAX_TILE];
+        __m512 dot[MAX_TILE], dot_b[MAX_TILE];   /* two chains per row: the low and the high nibbles */
         for (int i = 0; i < MC; i++)
-            dot[i] = _mm512_setzero_ps();
+            dot[i] = dot_b[i] = _mm512_setzero_ps();
         const uint8_t *c = codes + g * 8 * 32;
         for (int k = 0; k < 8; k++) {            /* 4 inputs of the 16 rows per step */
             if (!(k & 1))
@@ -79,13 +81,13 @@ static inline __attribute__((always_inline)) void block(const uint8_t *codes, co
             for (int i = 0; i < MC; i++) {
                 const uint32_t *row = xp + (m0 + i) * pairs + p;
                 dot[i] = _mm512_dpbf16_ps(dot[i], (__m512bh)_mm512_set1_epi32((int)row[0]), q_a);
-                dot[i] = _mm512_dpbf16_ps(dot[i], (__m512bh)_mm512_set1_epi32((int)row[1]), q_b);
+                dot_b[i] = _mm512_dpbf16_ps(dot_b[i], (__m512bh)_mm512_set1_epi32((int)row[1]), q_b);
             }
         }
         const __m512 s = widen_bf16(scale + g * ROWS);
         const __m512 z = _mm512_fmadd_ps(s, c136, widen_bf16(zero + g * ROWS));
         for (int i = 0; i < MC; i++) {
-            acc[i] = _mm512_fmadd_ps(dot[i], s, acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_add_ps(dot[i], dot_b[i]), s, acc[i]);
             acc[i] = _mm512_fmadd_ps(z, _mm512_set1_ps(sums[(m0 + i) * groups + g]), acc[i]);
         }
     }

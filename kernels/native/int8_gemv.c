@@ -10,8 +10,8 @@
  * rows' codes are widened to fp32 once (shared by every row of x) and each row of x adds them times
  * its input, broadcast, in one FMA; per group of 32 inputs the 16 sums are scaled by their rows'
  * scales in one more. No horizontal sums. Every (W row, x row) sum takes the same steps whatever M
- * and the rows around it (per group g in order: d = Σ_k q_k·x_k by FMAs in input order from 0,
- * then acc += d·s_g), so a request's logits are the same alone as in a batch.
+ * and the rows around it (per group g in order: the even and the odd inputs' Σ q_k·x_k by FMAs in
+ * input order, added, then acc += d·s_g), so a request's logits are the same alone as in a batch.
  *
  * Layout (made by zenedge/runtime/cpu_weights.py, NativeInt8Weight, through native.int8_layout):
  * codes int8 [B, K, 16], scale fp16 [B, K/32, 16] for B = ceil(N/16) blocks (rows past N: zeros);
@@ -38,19 +38,23 @@ static inline __attribute__((always_inline)) void block(const int8_t *codes, con
         acc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const int8_t *c = codes + g * 32 * ROWS;
-        __m512 dot[MAX_TILE];
+        __m512 even[MAX_TILE], odd[MAX_TILE];   /* two chains per row: a chain's FMAs wait on each other */
         for (int i = 0; i < MC; i++)
-            dot[i] = _mm512_setzero_ps();
-        for (int k = 0; k < 32; k++) {
+            even[i] = odd[i] = _mm512_setzero_ps();
+        for (int k = 0; k < 32; k += 2) {
             if (!(k & 3))   /* one cache line per 4 inputs, BLOCKS_AHEAD blocks ahead, into L2 */
                 _mm_prefetch((const char *)(ahead + g * 32 * ROWS + k * ROWS), _MM_HINT_T1);
-            const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + k * ROWS))));
-            for (int i = 0; i < MC; i++)
-                dot[i] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[(m0 + i) * K + g * 32 + k]), dot[i]);
+            const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + k * ROWS))));
+            const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + (k + 1) * ROWS))));
+            for (int i = 0; i < MC; i++) {
+                const float *xi = x + (m0 + i) * K + g * 32 + k;
+                even[i] = _mm512_fmadd_ps(w0, _mm512_set1_ps(xi[0]), even[i]);
+                odd[i] = _mm512_fmadd_ps(w1, _mm512_set1_ps(xi[1]), odd[i]);
+            }
         }
         const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scale + g * ROWS)));
         for (int i = 0; i < MC; i++)
-            acc[i] = _mm512_fmadd_ps(dot[i], s, acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_add_ps(even[i], odd[i]), s, acc[i]);
     }
     for (int i = 0; i < MC; i++)
         _mm512_mask_storeu_ps(y + (m0 + i) * N + n, live, acc[i]);
