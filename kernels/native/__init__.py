@@ -128,29 +128,29 @@ def int4_gemm():
     return lib.zenedge_int4_gemm if lib is not None else None
 
 
-INT4_ROWS = 16              # int4_gemv.c's ROWS: rows of W per block of its layout
+BLOCK_ROWS = 16             # int4_gemv.c and int8_gemv.c ROWS: rows of W per block of their layouts
 
 
 def int4_layout(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
     """int4_gemv.c's layout of int4 codes q [N, K] (0..15) with bf16 scale and zero [N, K/32]:
     (codes uint8 [N/16, K/4, 32], scale and zero bf16 [N/16, K/32, 16]); N a multiple of 16."""
     rows, inputs = q.shape
-    blocks = q.to(torch.uint8).view(rows // INT4_ROWS, INT4_ROWS, inputs // 4, 4).transpose(1, 2)   # [B, K/4, 16, 4]
+    blocks = q.to(torch.uint8).view(rows // BLOCK_ROWS, BLOCK_ROWS, inputs // 4, 4).transpose(1, 2)   # [B, K/4, 16, 4]
     codes = torch.stack((blocks[..., 0] | (blocks[..., 2] << 4), blocks[..., 1] | (blocks[..., 3] << 4)), -1)
-    per_block = [t.view(rows // INT4_ROWS, INT4_ROWS, -1).transpose(1, 2).contiguous() for t in (scale, zero)]
-    return codes.reshape(rows // INT4_ROWS, inputs // 4, 2 * INT4_ROWS).contiguous(), *per_block
+    per_block = [t.view(rows // BLOCK_ROWS, BLOCK_ROWS, -1).transpose(1, 2).contiguous() for t in (scale, zero)]
+    return codes.reshape(rows // BLOCK_ROWS, inputs // 4, 2 * BLOCK_ROWS).contiguous(), *per_block
 
 
 def int8_layout(codes: torch.Tensor, scale: torch.Tensor):
     """int8_gemv.c's layout of int8 codes [N, K] with fp16 scales [N, K/32]: (codes int8 [B, K, 16],
     scale fp16 [B, K/32, 16]) for B = ceil(N/16) blocks, rows past N zero."""
     rows = codes.shape[0]
-    pad = -rows % INT4_ROWS
+    pad = -rows % BLOCK_ROWS
     blocks = []
     for t in (codes, scale):
         if pad:
             t = torch.cat((t, t.new_zeros((pad, t.shape[1]))))
-        blocks.append(t.view(-1, INT4_ROWS, t.shape[1]).transpose(1, 2).contiguous())
+        blocks.append(t.view(-1, BLOCK_ROWS, t.shape[1]).transpose(1, 2).contiguous())
     return blocks[0], blocks[1]
 
 
@@ -233,16 +233,10 @@ def lora_add_fn(a: torch.Tensor, b_t: torch.Tensor, scale: float):
     a, b_t = a.detach().contiguous(), b_t.detach().contiguous()
     rank, inputs, outputs = a.shape[0], a.shape[1], b_t.shape[1]
     factors = (a, b_t, a.data_ptr(), b_t.data_ptr())     # the tensors live as long as this function
-    fp32 = torch.float32
 
     def lora_add(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = _rows_fitting(y, x, inputs, outputs, "lora_add", f"A [{rank}, {inputs}], Bᵀ [{rank}, {outputs}]")
         rows = x.shape[0]
-        if x.dtype is not fp32 or y.dtype is not fp32 or not (x.is_cpu and y.is_cpu) or y.stride(1) != 1 \
-                or x.shape != (rows, inputs) or y.shape != (rows, outputs):
-            raise ValueError(f"lora_add: y {tuple(y.shape)} {y.dtype}, x {tuple(x.shape)} {x.dtype} do not fit "
-                             f"A [{rank}, {inputs}], Bᵀ [{rank}, {outputs}]")
-        if x.stride(1) != 1:
-            x = x.contiguous()
         if kernel(x.data_ptr(), factors[2], factors[3], y.data_ptr(), rows, inputs, outputs, rank, x.stride(0),
                   y.stride(0), scale):
             raise MemoryError("the LoRA kernel could not allocate its scratch")
@@ -264,20 +258,25 @@ def sign_add_fn(packed: torch.Tensor, alpha: torch.Tensor, in_features: int):
     kernel, outputs = lib.zenedge_sign_add, packed.shape[0]
     packed, alpha = packed.contiguous(), alpha.contiguous()
     held = (packed, alpha, packed.data_ptr(), alpha.data_ptr())   # the tensors live as long as this function
-    fp32 = torch.float32
 
     def sign_add(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = _rows_fitting(y, x, in_features, outputs, "sign_add", f"signs [{outputs}, {in_features}]")
         rows = x.shape[0]
-        if x.dtype is not fp32 or y.dtype is not fp32 or not (x.is_cpu and y.is_cpu) or y.stride(1) != 1 \
-                or x.shape != (rows, in_features) or y.shape != (rows, outputs):
-            raise ValueError(f"sign_add: y {tuple(y.shape)} {y.dtype}, x {tuple(x.shape)} {x.dtype} do not fit "
-                             f"signs [{outputs}, {in_features}]")
-        if x.stride(1) != 1:
-            x = x.contiguous()
         if kernel(x.data_ptr(), held[2], held[3], y.data_ptr(), rows, in_features, outputs, x.stride(0), y.stride(0)):
             raise MemoryError("the sign kernel could not allocate its scratch")
         return y
     return sign_add
+
+
+def _rows_fitting(y: torch.Tensor, x: torch.Tensor, inputs: int, outputs: int, kernel: str,
+                  operand: str) -> torch.Tensor:
+    """x with unit column stride, after checking that y [M, outputs] (rows may be strided) and
+    x [M, inputs] are fp32 on the CPU, as the in-place row kernels (LoRA, signs) read them: they
+    trust every size they are given. Raises ValueError naming the kernel and its operand otherwise."""
+    if x.dtype is not torch.float32 or y.dtype is not torch.float32 or not (x.is_cpu and y.is_cpu) \
+            or y.stride(1) != 1 or x.dim() != 2 or x.shape[1] != inputs or y.shape != (x.shape[0], outputs):
+        raise ValueError(f"{kernel}: y {tuple(y.shape)} {y.dtype}, x {tuple(x.shape)} {x.dtype} do not fit {operand}")
+    return x if x.stride(1) == 1 else x.contiguous()
 
 
 def silu_mul_fn(intermediate: int):

@@ -54,7 +54,7 @@ def test_bitdelta_logits_equal_the_dense_reconstruction(engine, store, cfg, delt
     route = engine.router.route("delta")
     resident = engine.resident("tiny")
     # the plain weights, as a prefill reads them (a decode step adds the same delta to the base's
-    # int4 copy: test_sign_kernel.py)
+    # int4 copy through the sign kernel: tests/kernels/native/test_native.py, test_decode_step.py)
     with torch.inference_mode(), resident.state.using([engine.variant(route)] * 2, plain=True):
         ours = resident.model(input_ids=input_ids).logits
     with torch.no_grad():

@@ -127,7 +127,7 @@ def test_stacked_int4_copies_multiply_like_their_parts_side_by_side(kind):
     assert torch.equal(stacked.linear(x, None), apart)
     assert stacked.nbytes >= sum(p.nbytes for p in parts)
     # The parts now read their rows of the stacked codes (no second copy) and still multiply alike.
-    codes, first = ("packed", 128) if kind is Int4Weight else ("codes", 128 // native.INT4_ROWS)   # rows, blocks
+    codes, first = ("packed", 128) if kind is Int4Weight else ("codes", 128 // native.BLOCK_ROWS)   # rows, blocks
     assert getattr(parts[1], codes).data_ptr() == getattr(stacked, codes)[first:].data_ptr()
     assert torch.equal(torch.cat([p.linear(x, None) for p in parts], dim=-1), apart)
     assert cpu_weights.stacked(parts) is stacked                                                         # made once
@@ -157,7 +157,7 @@ def test_settle_stacks_the_groups_and_moves_the_copies_without_changing_a_produc
     assert all(torch.equal(copy.linear(inputs[name], None), before[name]) for name, copy in copies.items())
     qkv = cpu_weights.stacked([copies["l.q_proj"], copies["l.k_proj"], copies["l.v_proj"]])   # made by settle
     assert qkv is copies["l.q_proj"]._stacked[1]
-    assert copies["l.k_proj"].codes.data_ptr() == qkv.codes[128 // native.INT4_ROWS:].data_ptr()   # blocks of rows
+    assert copies["l.k_proj"].codes.data_ptr() == qkv.codes[128 // native.BLOCK_ROWS:].data_ptr()   # blocks of rows
     assert torch.equal(qkv.linear(inputs["l.q_proj"], None),
                        torch.cat([copies[n].linear(inputs["l.q_proj"], None) for n in ("l.q_proj", "l.k_proj", "l.v_proj")], -1))
     blocks = {copy.codes.untyped_storage().data_ptr() for copy in copies.values()}

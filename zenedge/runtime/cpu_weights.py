@@ -206,7 +206,7 @@ class NativeInt4Weight(CpuWeight):
         self._set_size()
 
     def _set_size(self):
-        self.rows, self.inputs = self.codes.shape[0] * native.INT4_ROWS, self.codes.shape[1] * 4
+        self.rows, self.inputs = self.codes.shape[0] * native.BLOCK_ROWS, self.codes.shape[1] * 4
         self.nbytes = self.codes.numel() + (self.scale.numel() + self.zero.numel()) * 2
         # What every call passes, looked up once: the pointers together with their tensors, in
         # one attribute, so a call that read it holds the memory it points to even if `stacked`
@@ -218,7 +218,7 @@ class NativeInt4Weight(CpuWeight):
     @classmethod
     def fits(cls, weight: torch.Tensor) -> bool:
         return weight.shape[1] % 64 == 0 and weight.shape[1] <= native.MAX_INPUTS \
-            and weight.shape[0] % native.INT4_ROWS == 0 and native.int4_gemm() is not None
+            and weight.shape[0] % native.BLOCK_ROWS == 0 and native.int4_gemm() is not None
 
     def _matmul(self, flat):
         if flat.shape[-1] != self.inputs:   # the kernel trusts its shapes: check them here
@@ -253,7 +253,7 @@ class NativeInt4Weight(CpuWeight):
             p = ref()
             if p is None:
                 continue
-            blocks = p.rows // native.INT4_ROWS
+            blocks = p.rows // native.BLOCK_ROWS
             p.codes, p.scale, p.zero = (getattr(self, name)[start:start + blocks] for name in self.TENSORS)
             p._set_size()
             start += blocks

@@ -1,5 +1,5 @@
 """zenedge's C kernels for the CPU (kernels/native/*.c, built and loaded by zenedge.kernels.native)
-against torch: RMSNorm, decode attention and the LoRA product here (the int4 product:
+against torch: RMSNorm, decode attention, the LoRA product and the 1-bit sign product here (the int4 product:
 tests/runtime/test_cpu_weights.py), a row's result the same alone as among other rows, the layouts
 they refuse, the build cache, and the switch that turns them off."""
 
@@ -116,6 +116,46 @@ def test_lora_add_refuses_what_it_does_not_take():
 
 
 @needs_native
+def packed(signs: torch.Tensor) -> torch.Tensor:
+    """±1 signs [N, K] as BitDelta packs them: uint8 [N, K/8], bit j of byte k is input 8k + j."""
+    bits = (signs > 0).to(torch.uint8).view(signs.shape[0], -1, 8)
+    return (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+
+
+@needs_native
+@pytest.mark.parametrize("rows, inputs, outputs", [(1, 576, 37), (5, 96, 64), (9, 1536, 20)])
+def test_sign_add_is_alpha_times_the_signs_product_and_gives_each_row_its_own_sums(rows, inputs, outputs):
+    """y += α ⊙ (S·x) with x rounded to bf16 (as the int4 kernel rounds it); 4-row tiles and their
+    tails; a row alone gets bit for bit what it gets among other rows; y may be a strided slice."""
+    torch.manual_seed(0)
+    signs = torch.randint(0, 2, (outputs, inputs)).float() * 2 - 1
+    alpha, x = torch.rand(outputs) * 0.01, torch.randn(rows, inputs)
+    sign_add = native.sign_add_fn(packed(signs), alpha, inputs)
+    y = torch.randn(rows, outputs + 8)[:, 4:4 + outputs]                             # strided rows
+    want = y.double() + (x.bfloat16().double() @ signs.double().t()) * alpha.double()
+    start = y.clone()
+    got = sign_add(start.clone(), x)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    sign_add(y, x)                                                                   # in place, through the stride
+    assert torch.equal(y, got)
+    for i in range(rows):
+        assert torch.equal(sign_add(start[i:i + 1].clone(), x[i:i + 1])[0], got[i])
+
+
+def test_sign_add_refuses_what_it_does_not_take():
+    signs, alpha = packed(torch.ones(16, 64)), torch.ones(16)
+    assert native.sign_add_fn(signs, alpha.double(), 64) is None                     # fp32 α only
+    assert native.sign_add_fn(packed(torch.ones(16, 48)), alpha, 48) is None         # inputs in groups of 32
+    assert native.sign_add_fn(signs, alpha[:8], 64) is None                          # α per output
+    if native.library() is None:
+        return
+    sign_add = native.sign_add_fn(signs, alpha, 64)
+    with pytest.raises(ValueError, match="sign_add"):
+        sign_add(torch.zeros(2, 16), torch.randn(2, 32))
+    with pytest.raises(ValueError, match="sign_add"):
+        sign_add(torch.zeros(2, 16).bfloat16(), torch.randn(2, 64))
+
+
 def test_the_library_is_built_once_per_source():
     """Named by a hash of the sources and flags: a second process loads the same file."""
     built = sorted(native.paths.kernel_cache().glob("cpu-kernels-*.so"))
