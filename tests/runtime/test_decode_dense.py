@@ -106,3 +106,29 @@ def test_lora_and_plain_rows_are_left_alone(engine, imported):
     before = variant.nbytes
     assert dense.prepare(variant, resident.model, "always") is variant and variant.nbytes == before
     assert dense.prepare(None, resident.model, "always") is None
+
+
+@pytest.mark.parametrize("weights", ["full", "int4"])
+def test_auto_makes_dense_copies_only_where_the_packed_path_has_no_c_kernel(store, tmp_path, deltas, weights):
+    """runtime.bitdelta_dense: "never" keeps every BitDelta packed; "auto" densifies on fp32 weights
+    (the packed path there is torch's) and not on the C int4 kernel's copies (the sign kernel
+    serves it); "always" densifies wherever the budget has room."""
+    from zenedge import config
+    from zenedge.kernels import native
+    from zenedge.runtime.engine import Engine
+    from zenedge.runtime.layers import sign_kernel
+
+    path = tmp_path / "config" / f"{weights}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "{weights}"\n')
+    engine = Engine(store, config.load(path))
+    loaders = deltas(1)
+    resident = engine.resident("tiny")
+    native_path = weights == "int4" and native.library() is not None
+    for policy, densified in (("never", False), ("auto", not native_path), ("always", True)):
+        cache = DeltaCache(1 << 30)
+        variant = DenseBitDeltas(cache).prepare(loaders["d0"](cache), resident.model, policy)
+        modules = list(variant.modules.values())
+        assert all((m.dense is not None) == densified for m in modules), policy
+        if policy == "auto" and native_path:
+            assert all(sign_kernel(m) is not None for m in modules)

@@ -96,7 +96,9 @@ def run(*, clients: tuple[int, ...] = CLIENTS, tokens: int = TOKENS, log: Callab
     one = next((r for r in rows if r["clients"] == 1), None)
     for row in rows:
         row["aggregate_vs_one_client"] = row["aggregate_tokens_per_s"] / one["aggregate_tokens_per_s"] if one else None
-    return {"date": date.today().isoformat(), "machine": _machine(), "tokens": tokens, "rows": rows,
+    from zenedge.bench.throughput import machine
+
+    return {"date": date.today().isoformat(), "machine": machine(), "tokens": tokens, "rows": rows,
             "profiles": {"lora": sum(1 for p in profiles if p.startswith("lora")),
                          "bitdelta": sum(1 for p in profiles if p.startswith("delta"))}}
 
@@ -196,12 +198,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _machine() -> dict[str, Any]:
-    from zenedge.bench.throughput import machine
-
-    return machine()
 
 
 def targets(result: dict) -> list[dict[str, Any]]:

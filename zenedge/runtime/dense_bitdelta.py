@@ -29,6 +29,7 @@ import torch
 
 from zenedge.runtime import cpu_weights
 from zenedge.runtime.cache import DeltaCache
+from zenedge.runtime.layers import VariantLinear
 from zenedge.runtime.variants import BitDeltaModule, Variant
 
 
@@ -150,16 +151,20 @@ class DenseBitDeltas:
         return extra
 
 
+_NATIVE_ATTR = "_zenedge_packed_path_native"
+
+
 def packed_path_is_native(variant: Variant, model: torch.nn.Module) -> bool:
     """Whether every module of a BitDelta variant decodes through the C sign kernel: an fp32 model
-    on the C int4 kernel and a delta the sign kernel takes (VariantLinear.sign_kernel)."""
-    if next(model.parameters()).dtype != torch.float32:
-        return False
-    for name, module in variant.modules.items():
-        linear = model.get_submodule(name)
-        if isinstance(module, BitDeltaModule) and (not hasattr(linear, "sign_kernel") or linear.sign_kernel(module) is None):
-            return False
-    return True
+    on the C int4 kernel and a delta the sign kernel takes (VariantLinear.sign_kernel). Asked per
+    request and decided by the variant and its base alone: kept on the variant."""
+    known = variant.__dict__.get(_NATIVE_ATTR)
+    if known is None:
+        known = next(model.parameters()).dtype == torch.float32 and all(
+            isinstance(linear := model.get_submodule(name), VariantLinear) and linear.sign_kernel(module) is not None
+            for name, module in variant.modules.items() if isinstance(module, BitDeltaModule))
+        variant.__dict__[_NATIVE_ATTR] = known
+    return known
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

@@ -357,38 +357,41 @@ def _slices(linears, modules) -> "StepDelta | None":
     return delta
 
 
-def _step_parts(linears, batch: RowVariants | None):
-    """(each linear's step delta, the copy its decode product reads: a hot BitDelta's dense copy or
-    the base's fast copy) where every linear is a VariantLinear adding at most one LoRA or
-    BitDelta; None for mixed rows or modules we do not know."""
+def _uniform_plan(linears, batch: RowVariants | None):
+    """For a decode step whose rows all use one variant (or none): (the copy each linear's product
+    reads: the base's fast copy, or a BitDelta's dense copy; those dense copies as [(delta, copy)];
+    the LoRA and sign slices added on top). None where the step is not that: mixed rows, modules we
+    do not know, a dense copy beside another delta, a delta no kernel takes."""
     deltas = [linear.step_delta(batch) if isinstance(linear, VariantLinear) else linear for linear in linears]
     if not all(d is None or isinstance(d, (LoraFactors, BitDeltaModule)) for d in deltas):
-        return None
+        return None                                         # mixed rows (step_delta: the module), unknown modules
+    hot = [(d, d.dense) for d in deltas if isinstance(d, BitDeltaModule) and d.dense is not None]
     parts = [d.dense if isinstance(d, BitDeltaModule) and d.dense is not None else linear.fast
              for d, linear in zip(deltas, linears)]
-    return deltas, parts
+    if hot:
+        if len(hot) != sum(d is not None for d in deltas):
+            return None                                     # a dense copy beside another delta; keep it exact
+        return parts, hot, StepDelta(None, [], [])
+    added = _slices(linears, deltas)
+    return None if added is None else (parts, [], added)
 
 
 def products(linears, batch: RowVariants | None):
     """h → the linears' outputs side by side, for a decode step of `batch`: one kernel call on
     their stacked copies (cpu_weights.stacked: bit for bit the same products) where each linear
-    adds at most a LoRA or a packed BitDelta (on its slice) or reads a hot BitDelta's dense copy;
-    else `each` of their bound steps."""
+    adds at most a LoRA or a packed BitDelta (on its slice) or reads a BitDelta's dense copy
+    (`_uniform_plan`); else `each` of their bound steps."""
     one_by_one = each(*(bound(linear, batch) for linear in linears))
-    found = _step_parts(linears, batch)
-    if found is None:
-        return one_by_one                                   # mixed rows, unknown modules
-    deltas, parts = found
+    plan = _uniform_plan(linears, batch)
+    if plan is None:
+        return one_by_one
+    parts, hot, added = plan
     biases = [linear.base.bias for linear in linears]
     stacked = cpu_weights.stacked(parts) if len({bias is None for bias in biases}) == 1 else None
     if stacked is None:
         return one_by_one
     product = stacked.matmul_fn(None if biases[0] is None else torch.cat([bias.detach() for bias in biases]))
-    hot = [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule) and d.dense is not None]
     if hot:
-        if len(hot) != sum(d is not None for d in deltas):
-            return one_by_one                               # a dense copy beside another delta; keep it exact
-
         def dense(h):
             # The cache may drop a dense copy (or densify anew) mid-request: the stacked copy
             # serves only while every part is still the variant's.
@@ -397,9 +400,6 @@ def products(linears, batch: RowVariants | None):
                     return one_by_one(h)
             return product(h)
         return dense
-    added = _slices(linears, deltas)
-    if added is None:
-        return one_by_one
     if not added.loras and not added.signs:
         return product
 
@@ -453,19 +453,11 @@ def step_product(linears, batch: RowVariants | None) -> StepProduct | None:
                 added.rows = rows
                 deltas.append(added)
         return StepProduct(_stacked([linear.fast for linear in linears]), deltas, [])
-    found = _step_parts(linears, batch)
-    if found is None:
+    plan = _uniform_plan(linears, batch)
+    if plan is None:
         return None
-    deltas, parts = found
-    hot = [(d, part) for d, part in zip(deltas, parts) if isinstance(d, BitDeltaModule) and d.dense is not None]
-    if hot:
-        if len(hot) != sum(d is not None for d in deltas):
-            return None                                     # a dense copy beside another delta
-        return StepProduct(_stacked(parts), [], hot)
-    added = _slices(linears, deltas)
-    if added is None:
-        return None
-    return StepProduct(_stacked(parts), [added] if added.loras or added.signs else [], [])
+    parts, hot, added = plan
+    return StepProduct(_stacked(parts), [added] if added.loras or added.signs else [], hot)
 
 
 def _stacked(parts) -> CpuWeight | None:
