@@ -70,19 +70,26 @@ def test_the_c_step_gives_the_python_steps_logits_bit_for_bit(int4_engine, monke
     assert any(built) == ("delta" not in names or len(set(names)) == 1)
 
 
-def test_a_dense_copy_dropped_mid_request_hands_the_step_back(int4_engine):
+class View:                                                 # only what a step reads before its checks
+    host_lengths = [3]
+
+
+@pytest.mark.parametrize("name", ["delta", "delta-packed"])
+def test_a_copy_dropped_or_made_mid_request_hands_the_step_back(int4_engine, name):
+    """The step read a dense copy the cache then drops, or read packed signs of a delta the cache
+    then densifies: either way the Python step serves (it reads the delta as it is now)."""
     resident = int4_engine.resident("tiny")
-    delta = requests_for(int4_engine)[NAMES.index("delta")].variant
+    delta = requests_for(int4_engine)[NAMES.index(name)].variant
     batch = RowVariants.build([delta], resident.device)
     step = lean_llama.FusedStep.build(resident.model, lean_llama.LeanLlama(resident.model, batch), batch)
-    assert step is not None and step.hot
-    module, part = step.hot[0]
-    module.dense = None                                     # the cache dropped it
-
-    class View:                                             # only what is read before the check
-        host_lengths = [3]
-    assert step(torch.zeros(1, 64), torch.zeros(1, 16), torch.zeros(1, 16), View()) is False
-    module.dense = part
+    assert step is not None and step.copies
+    module, copy = step.copies[0]
+    assert (copy is None) == (name == "delta-packed")
+    module.dense = None if copy is not None else object()    # dropped, or made
+    try:
+        assert step(torch.zeros(1, 64), torch.zeros(1, 16), torch.zeros(1, 16), View()) is False
+    finally:
+        module.dense = copy
 
 
 def test_silu_mul_is_silu_of_the_gate_times_up():

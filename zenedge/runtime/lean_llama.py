@@ -298,10 +298,12 @@ class FusedStep:
     the norms, attention and SiLU run in C, and the model is fp32; else None and `_decode` runs
     (`refusal` says why)."""
 
-    def __init__(self, kernel, layers, shape, keep, hot):
+    def __init__(self, kernel, layers, shape, keep, copies):
         self.kernel, self.layers, self.shape = kernel, layers, shape
         self.keep = keep                  # the tensors the structures point into
-        self.hot = hot                    # [(BitDeltaModule, the dense copy the structures read, or None)]
+        # [(BitDeltaModule, its dense copy when the step was built: the one the structures read, or
+        # None for a packed delta read through its signs)]: the step holds while these still hold
+        self.copies = copies
         self.cache = None                 # the KV views the structures point into (this step's)
 
     @classmethod
@@ -312,18 +314,18 @@ class FusedStep:
         kernel = native.decode_step()
         if kernel is None:
             return None                  # (the decode path reports why the kernels are off)
-        keep, hot = [], []
+        keep, copies = [], []
         layers = (native.Layer * len(lean.layers))()
-        refused = cls._fill(model, lean, batch, layers, keep, hot)
+        refused = cls._fill(model, lean, batch, layers, keep, copies)
         _remember_fallback(model, refused)
         if refused is not None:
             return None
         first = lean.layers[0]
         shape = native.Shape(weight.shape[1], first[6], first[7], first[8], first[11].weight.shape[0], first[9])
-        return cls(kernel, layers, shape, keep, hot)
+        return cls(kernel, layers, shape, keep, copies)
 
     @staticmethod
-    def _fill(model, lean, batch, layers, keep: list, hot: list) -> str | None:
+    def _fill(model, lean, batch, layers, keep: list, copies: list) -> str | None:
         """Fill the layers' structures; why the C step cannot run this batch, or None."""
         first, weight = lean.layers[0], lean.embed.weight
         heads, kv_heads, dim, scaling, intermediate = first[6], first[7], first[8], first[9], first[11].weight.shape[0]
@@ -337,7 +339,7 @@ class FusedStep:
                     or any(n.weight.dtype != torch.float32 or n.weight.dim() != 1 for n in norms):
                 return f"layer {i} differs from the first, or its activation is not SiLU"
             for name, linears in (("qkv", (q, k, v)), ("o", (o,)), ("gate_up", (gate, up)), ("down", (down,))):
-                refused = _describe(getattr(entry, name), linears, batch, keep, hot)
+                refused = _describe(getattr(entry, name), linears, batch, keep, copies)
                 if refused is not None:
                     return f"layer {i} {name}: {refused}"
             entry.norm1, entry.norm2 = (n.weight.detach().data_ptr() for n in norms)
@@ -349,7 +351,7 @@ class FusedStep:
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view) -> bool:
         """Run the step on x [n, hidden] in place; False (nothing done) where it cannot: a dense
         copy dropped or replaced since the request began, a cache laid out otherwise."""
-        if view.host_lengths is None or any(delta.dense is not part for delta, part in self.hot):
+        if view.host_lengths is None or any(delta.dense is not copy for delta, copy in self.copies):
             return False
         keys, values = view.layers[0][1], view.layers[0][2]
         n, length = x.shape[0], keys.shape[2]
@@ -383,7 +385,7 @@ class FusedStep:
         return True
 
 
-def _describe(entry, linears, batch, keep: list, hot: list) -> bool:
+def _describe(entry, linears, batch, keep: list, copies: list) -> str | None:
     """Fill a native.Product with what the Python step multiplies `linears` by for a decode step
     of `batch` (layers.step_product: their int4 copies stacked, each variant's LoRA and sign slices
     on its rows); why the C step cannot do the same, or None."""
@@ -418,9 +420,9 @@ def _describe(entry, linears, batch, keep: list, hot: list) -> bool:
             sign.signs, sign.alpha, sign.offset, sign.width = packed.data_ptr(), alpha.data_ptr(), offset, width
     keep.append(deltas)
     entry.deltas, entry.delta = len(step.deltas), deltas
-    hot.extend(step.hot)
+    copies.extend(step.hot)
     signs = [module for delta in step.deltas for _, _, module in delta.signs]
-    hot.extend((module, None) for module in signs)       # packed: valid while no dense copy replaces it
+    copies.extend((module, None) for module in signs)    # packed: valid while no dense copy replaces it
     return None
 
 
