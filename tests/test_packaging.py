@@ -57,10 +57,8 @@ def test_the_profile_recipes_do_not_ship():
     assert recipes and shipped == []
 
 
-# Imported name → the distribution that provides it, where they differ; and what comes with a
-# declared distribution (FastAPI is built on Starlette and pydantic and pins their versions).
+# Imported name → the distribution that provides it, where they differ.
 DISTRIBUTION = {"sqlite_utils": "sqlite-utils"}
-BUNDLED = {"starlette": "fastapi", "pydantic": "fastapi"}
 
 
 def imported_distributions() -> set[str]:
@@ -74,7 +72,7 @@ def imported_distributions() -> set[str]:
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 names.add(node.module.split(".")[0])
     third_party = names - set(sys.stdlib_module_names) - {"zenedge", "kernels"}
-    return {BUNDLED.get(name, DISTRIBUTION.get(name, name)) for name in third_party}
+    return {DISTRIBUTION.get(name, name) for name in third_party}
 
 
 def test_the_declared_dependencies_are_the_imported_ones():
@@ -85,13 +83,49 @@ def test_the_declared_dependencies_are_the_imported_ones():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
     def names(specs):
-        return {re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0].lower() for spec in specs}
+        return {re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0].lower() for spec in specs}
     declared = names(project["dependencies"])
     features = names(spec for extra, specs in project["optional-dependencies"].items() if extra != "test"
                      for spec in specs)
     imported = imported_distributions()
     assert imported - declared - features == set(), f"imported but not declared: {imported - declared - features}"
     assert declared - imported == set(), f"declared but never imported: {declared - imported}"
+
+
+def _installed_on(platform: str, machine: str) -> set[str]:
+    """The distributions `pip install zenedge` asks for on a platform, by the dependencies' markers."""
+    from packaging.requirements import Requirement
+
+    environment = {"sys_platform": platform, "platform_system": {"linux": "Linux", "darwin": "Darwin"}[platform],
+                   "platform_machine": machine, "python_version": "3.11", "implementation_name": "cpython"}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = [Requirement(spec) for spec in project["dependencies"]]
+    return {r.name for r in requirements if r.marker is None or r.marker.evaluate(environment)}
+
+
+def test_macos_installs_without_triton_and_linux_with_it():
+    """triton has no macOS wheels: a laptop's `pip install` must not ask for it. On Linux, where CUDA
+    can be, it stays part of the stack, as do peft and torch everywhere."""
+    mac, linux = _installed_on("darwin", "arm64"), _installed_on("linux", "x86_64")
+    assert "triton" not in mac and "triton" in linux
+    assert {"torch", "peft", "safetensors", "platformdirs", "sqlite-utils", "psutil"} <= mac & linux
+    assert linux - mac == {"triton"}
+
+
+def test_zenedge_imports_and_runs_its_cli_without_triton():
+    """What macOS installs is enough to start: nothing imports triton on the way to a command."""
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "from zenedge.cli import main\n"
+            "main(['--help'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "Usage" in out.stdout
+
+
+def test_the_license_file_is_the_one_pyproject_names():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    assert "Apache License" in (REPO / "LICENSE").read_text() and "Version 2.0" in (REPO / "LICENSE").read_text()
 
 
 def test_requires_python_allows_only_versions_with_tomllib():

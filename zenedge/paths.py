@@ -4,6 +4,8 @@ ZENEDGE_HOME    the pool (blobs, index, bases)     default: platformdirs user da
 ZENEDGE_CONFIG  the TOML config file               default: platformdirs user config dir/config.toml
 ZENEDGE_TOKEN   bearer token for the TCP listener  default: a generated 0600 file in the home
 ZENEDGE_NATIVE_KERNELS  0 turns off the C kernels for the CPU (kernels/native/)  default: on
+ZENEDGE_CPU_ISA         avx512, avx2, neon, scalar or off: the C kernels' instruction set  default: the best this CPU runs
+CC                      the C compiler that builds them  default: cc, else gcc
 ZENEDGE_LLAMA_BENCH     a built llama.cpp `llama-bench`, a peer row in `zenedge bench run`  default: none
 ZENEDGE_KEEP_ALIVE      seconds; overrides the config's server.keep_alive (0: the CLI never starts a daemon)
 ZENEDGE_THREADS         "auto" or N; overrides the config's runtime.threads (runtime/threads.py)
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -39,6 +42,17 @@ def kernel_cache() -> Path:
 
 def native_kernels_enabled() -> bool:
     return os.environ.get("ZENEDGE_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cpu_isa() -> str | None:
+    """ZENEDGE_CPU_ISA, lower-cased, or None where unset (kernels/native chooses then)."""
+    value = os.environ.get("ZENEDGE_CPU_ISA", "").strip().lower()
+    return value or None
+
+
+def c_compiler() -> str | None:
+    """The C compiler that builds the CPU kernels: CC, else cc, else gcc (None: none found)."""
+    return shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
 
 
 def llama_bench() -> Path | None:

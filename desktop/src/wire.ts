@@ -161,6 +161,10 @@ export interface DecodePath {
   native_kernels: boolean;
   /** why they are not */
   native_kernels_off?: string | null;
+  /** the instruction set they are built for: "avx512", "avx2", "neon" or "scalar" */
+  native_isa?: string | null;
+  /** why that one (the CPU's features, or ZENEDGE_CPU_ISA) */
+  native_isa_why?: string | null;
   /** why the forward is not the lean one */
   lean_refused?: string | null;
   /** why the latest decode batch ran the Python step, not the one-call C step (never an error: the same numbers) */

@@ -8,7 +8,14 @@
 - `sign_add.c`: y += α ⊙ (S·x), a packed 1-bit BitDelta on a decode step's rows (runtime/layers.py);
 - `decode_step.c`: a whole decode step of a Llama-family layer stack in one call, through the
   kernels above (runtime/lean_llama.py), its rows on any mix of variants, and SiLU(gate)·up;
-- `vector_exp.h`: e^x for the softmax and SiLU (included by the two that need it).
+- `lanes.h`: the 16-lane fp32 vector they are all written in, once per instruction set, and e^x;
+- `cpu_features.c`: which instruction sets this CPU runs (built apart, with no such flags).
+
+Each is built for one instruction set: AVX-512 BF16, AVX2 + FMA + F16C (Intel Core, older AMD),
+NEON (ARM64: Apple Silicon, ARM laptops and servers), or the portable scalar reference. The best
+one this CPU runs is chosen at run time (`isa()`; ZENEDGE_CPU_ISA forces one). They give the same
+bits on every instruction set (lanes.h says how), which tests/kernels/native checks against the
+scalar build, and under qemu for ARM64.
 
 Every kernel sums a row of its input the same way whatever the other rows are, so a request
 decodes the same tokens alone as in a batch (torch's fp32 BLAS calls take other paths for one row).
@@ -16,9 +23,9 @@ The kernels are single-threaded by design: a decode step is one call on one thre
 barrier per operation for a core held by another process to stall (runtime/threads.py gives such
 steps one torch thread; parallelism across requests comes from batching their rows).
 
-Nothing here is required: where the CPU lacks AVX-512 BF16, no compiler is found, the build or
-a self-test fails, or ZENEDGE_NATIVE_KERNELS=0, `library()` is None and callers keep torch's own
-ops. The library is built once per machine (about a second) into the user cache directory,
+Nothing here is required: where the CPU runs none of those instruction sets, no compiler is found,
+the build or a self-test fails, or ZENEDGE_NATIVE_KERNELS=0, `library()` is None and callers keep
+torch's own ops. The library is built once per machine (about a second) into the user cache directory,
 named by a hash of the sources and flags, written to a temporary name and renamed, so concurrent
 first uses never load a half-written file. Each call is then one ctypes call (the GIL is
 released while the kernel runs); the callers check shapes, since the kernels trust them.
@@ -30,8 +37,8 @@ import ctypes
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -40,17 +47,27 @@ import torch
 import torch.nn.functional as F
 
 from zenedge import paths
+from zenedge.errors import ConfigError
 
 log = logging.getLogger("zenedge.kernels")
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("int4_gemv.c", "int8_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c", "sign_add.c",
                  "decode_step.c"))
-HEADERS = (Path(__file__).with_name("vector_exp.h"),)
+HEADERS = (Path(__file__).with_name("lanes.h"),)
+PROBE = Path(__file__).with_name("cpu_features.c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as the torch ops they stand for.
-FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC", "-mavx512f", "-mavx512bw", "-mavx512vl",
-         "-mavx512bf16", "-mfma")
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")   # as /proc/cpuinfo spells them
+FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC")
+ISA_FLAGS = {
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-DZENEDGE_AVX512"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c", "-DZENEDGE_AVX2"),
+    "neon": ("-DZENEDGE_NEON",),
+    "scalar": (),                    # the portable reference: any CPU, slower than torch's kernels
+}
+FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "fma", "f16c", "neon", "dotprod")  # cpu_features.c's bits
+ISA_NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"), "avx2": ("avx2", "fma", "f16c"),
+             "neon": ("neon",), "scalar": ()}
+PREFERENCE = ("avx512", "avx2", "neon")   # what `isa()` picks, best first; scalar only when asked for
 MAX_INPUTS = 32768          # int4_gemv.c's and int8_gemv.c's MAX_INPUTS
 MAX_HEAD_DIM = 256          # decode_attention.c's MAX_DIM
 MAX_GROUP = 64              # decode_attention.c's MAX_GROUP
@@ -58,9 +75,10 @@ MAX_RANK = 256              # lora_add.c's MAX_RANK
 MAX_SLICES = 3              # decode_step.c's MAX_SLICES: LoRA or sign slices a variant adds to a product
 SIGN_GROUP = 32             # sign_add.c takes inputs in whole groups of 32
 
-_lock = threading.Lock()
+_lock = threading.RLock()       # library() asks isa() while it holds it
 _loaded: list = []          # [the library, or None]: decided once per process
 _off: list = []             # [why the library is None], where it is
+_chosen: list = []          # [(instruction set or None, why)]: decided once per process
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -106,20 +124,82 @@ class Shape(ctypes.Structure):
 
 def library():
     """The loaded kernels (ctypes functions by their C names), or None where they are not
-    available here (the reason is logged once)."""
+    available here (the reason is logged once). Raises ConfigError where ZENEDGE_CPU_ISA asks for
+    an instruction set this CPU does not run."""
     if not _loaded:
         with _lock:
             if not _loaded:
                 _loaded.append(_load())
+    if isinstance(_loaded[0], ConfigError):
+        raise _loaded[0]
     return _loaded[0]
 
 
 def off_reason() -> str | None:
     """Why `library()` is None here, or None while the kernels are loaded (what `doctor` and
     /api/ps report). Decides, building the library if nothing has asked for it yet."""
-    if library() is not None:
-        return None
+    try:
+        if library() is not None:
+            return None
+    except ConfigError as exc:
+        return str(exc)
     return _off[0] if _off else "turned off in this process"
+
+
+def isa() -> tuple[str | None, str]:
+    """(the instruction set the kernels are built for here, or None; why): e.g. ("avx2", "the CPU has
+    avx2, fma, f16c; not avx512_bf16"). Raises ConfigError for a ZENEDGE_CPU_ISA this CPU cannot run."""
+    if not _chosen:
+        with _lock:
+            if not _chosen:
+                _chosen.append(_choose())
+    if isinstance(_chosen[0], ConfigError):
+        raise _chosen[0]
+    return _chosen[0]
+
+
+def runnable_isas() -> list[str]:
+    """Every instruction set the kernels can be built for that this CPU runs, the scalar reference last."""
+    features = cpu_features()
+    return [name for name in (*PREFERENCE, "scalar") if all(f in features for f in ISA_NEEDS[name])]
+
+
+def cpu_features() -> frozenset[str]:
+    """This CPU's features that the kernels' instruction sets need (cpu_features.c); empty where
+    the probe cannot be built (no compiler)."""
+    if _compiler() is None:
+        return frozenset()
+    try:
+        probe = _open(_build("cpu-probe", (PROBE,), ()))
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.info("the CPU probe could not be built (%s)", str(exc).strip().splitlines()[-1:] or exc)
+        return frozenset()
+    probe.zenedge_cpu_features.restype = ctypes.c_int64
+    bits = probe.zenedge_cpu_features()
+    return frozenset(name for i, name in enumerate(FEATURES) if bits >> i & 1)
+
+
+def _choose():
+    forced = paths.cpu_isa()
+    if forced == "off":
+        return None, "ZENEDGE_CPU_ISA=off"
+    if forced is not None and forced not in ISA_FLAGS:
+        return ConfigError(f"ZENEDGE_CPU_ISA={forced!r} is not one of {', '.join((*ISA_FLAGS, 'off'))}")
+    features = cpu_features()
+    if forced is not None:
+        missing = [f for f in ISA_NEEDS[forced] if f not in features]
+        if missing:
+            return ConfigError(f"ZENEDGE_CPU_ISA={forced}, but this CPU does not run it (it lacks {', '.join(missing)})")
+        return forced, f"ZENEDGE_CPU_ISA={forced}"
+    for name in PREFERENCE:
+        if all(f in features for f in ISA_NEEDS[name]):
+            why = f"the CPU has {', '.join(ISA_NEEDS[name])}"
+            if name == "avx2":   # on x86, say why not the best
+                why += f"; not {', '.join(f for f in ISA_NEEDS['avx512'] if f not in features)}"
+            return name, why
+    if not features:
+        return None, "the CPU's features could not be probed (no C compiler, or its build failed)"
+    return None, "the CPU runs none of AVX-512 BF16, AVX2 + FMA + F16C, NEON"
 
 
 def int4_gemm():
@@ -304,65 +384,75 @@ def decode_step():
 
 
 def _load():
-    reason = _unavailable_reason()
+    reason = None if paths.native_kernels_enabled() else "ZENEDGE_NATIVE_KERNELS=0"
+    if reason is None and _compiler() is None:
+        reason = "no C compiler (set CC, or install gcc or clang)"
     if reason is None:
         try:
-            lib = _build_and_open()
-            failed = [name for name, test in _SELF_TESTS.items() if not test(lib)]
-            if not failed:
-                return lib
-            reason = f"self-test of {', '.join(failed)} disagreed with torch"
-        except (OSError, subprocess.SubprocessError) as exc:
-            text = str(exc).strip()
-            reason = f"build failed: {text.splitlines()[-1] if text else repr(exc)}"
+            name, why = isa()
+        except ConfigError as exc:
+            return exc
+        if name is None:
+            reason = why
+        else:
+            try:
+                lib = build(name)
+                failed = [test_name for test_name, test in _SELF_TESTS.items() if not test(lib)]
+                if not failed:
+                    log.info("native CPU kernels: %s (%s)", name, why)
+                    return lib
+                reason = f"self-test of {', '.join(failed)} ({name}) disagreed with torch"
+            except (OSError, subprocess.SubprocessError) as exc:
+                text = str(exc).strip()
+                reason = f"build failed ({name}): {text.splitlines()[-1] if text else repr(exc)}"
     log.info("native CPU kernels off (%s): torch's kernels are used", reason)
     _off.append(reason)
     return None
 
 
-def _unavailable_reason() -> str | None:
-    if not paths.native_kernels_enabled():
-        return "ZENEDGE_NATIVE_KERNELS=0"
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return "no /proc/cpuinfo to check the CPU's features"
-    missing = [flag for flag in CPU_FLAGS if flag not in flags]
-    if missing:
-        return f"the CPU lacks {', '.join(missing)}"
-    if _compiler() is None:
-        return "no C compiler (set CC, or install gcc)"
-    return None
+def build(name: str):
+    """The kernels built for the instruction set `name` (ISA_FLAGS), loaded, with no self-test; the
+    caller makes sure this CPU runs it (tests build every variant it runs, to compare them)."""
+    lib = _open(_build("cpu-kernels", SOURCES, ISA_FLAGS[name], headers=HEADERS))
+    for function, argtypes in _SIGNATURES.items():
+        kernel = getattr(lib, function)
+        kernel.argtypes, kernel.restype = argtypes, ctypes.c_int
+    return lib
 
 
 def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
+    return paths.c_compiler()
 
 
-def _build_and_open():
+def _build(stem: str, sources: tuple[Path, ...], flags: tuple[str, ...], headers: tuple[Path, ...] = ()) -> Path:
+    """A shared library of `sources`, built once per machine: named by a hash of its sources,
+    compiler and flags, written to a temporary name and renamed."""
     compiler = _compiler()
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES + HEADERS)
-                            + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
-    target = paths.kernel_cache() / f"cpu-kernels-{digest}.so"
+    if compiler is None:
+        raise OSError("no C compiler")
+    command = (compiler, *FLAGS, *flags)
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in sources + headers)
+                            + " ".join(command).encode()).hexdigest()[:16]
+    target = paths.kernel_cache() / f"{stem}-{digest}{'.dylib' if sys.platform == 'darwin' else '.so'}"
     if not target.exists():
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".so")
+        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=target.suffix)
         os.close(fd)
         try:
-            subprocess.run([compiler, *FLAGS, "-o", partial, *map(str, SOURCES), "-lm"], check=True,
-                           capture_output=True, text=True, timeout=120)
+            subprocess.run([*command, "-o", partial, *map(str, sources), "-lm"], check=True, capture_output=True,
+                           text=True, timeout=120)
             os.replace(partial, target)
         except subprocess.CalledProcessError as exc:
             raise subprocess.SubprocessError(exc.stderr or str(exc)) from None
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-    _check_private(target)
-    lib = ctypes.CDLL(str(target))
-    for name, argtypes in _SIGNATURES.items():
-        function = getattr(lib, name)
-        function.argtypes, function.restype = argtypes, ctypes.c_int
-    return lib
+    return target
+
+
+def _open(library: Path):
+    _check_private(library)
+    return ctypes.CDLL(str(library))
 
 
 def _check_private(library: Path) -> None:

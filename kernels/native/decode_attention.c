@@ -7,7 +7,7 @@
  * 64 cached positions where SDPA takes ~13-18 (9 query heads over 3 KV heads of 64, one thread);
  * its Python wrapper's checks and allocation bring that to a tie in isolation, and it still saves
  * ~0.5 ms per decode step in the model, 1.2× at 2000 positions (BENCHMARKS.md, 2026-11-30). The
- * softmax uses a vectorised e^x below.
+ * softmax uses lanes.h's vectorised e^x.
  *
  * A row's result depends on its own query, keys, values and length only, summed in the same order
  * whatever the other rows are or how long they are: a request decodes the same alone as in a batch
@@ -19,12 +19,7 @@
  * Returns 0; -1 when it could not allocate its scratch, -2 for a D or a length it does not take
  * (nothing written then).
  */
-#include <immintrin.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-
-#include "vector_exp.h"
+#include "lanes.h"
 
 #define MAX_DIM 256
 #define MAX_GROUP 64
@@ -56,14 +51,14 @@ int zenedge_decode_attention(const float *q, const float *keys, const float *val
             for (int64_t i = 0; i < G; i++)
                 peak[i] = -INFINITY;
             for (int64_t l = 0; l < n; l++) {
-                __m512 kl[MAX_DIM / 16];
+                v16 kl[MAX_DIM / 16];
                 for (int64_t c = 0; c < chunks; c++)
-                    kl[c] = _mm512_loadu_ps(k + l * D + 16 * c);
+                    kl[c] = v16_load(k + l * D + 16 * c);
                 for (int64_t i = 0; i < G; i++) {
-                    __m512 dot = _mm512_setzero_ps();
+                    v16 dot = v16_zero();
                     for (int64_t c = 0; c < chunks; c++)
-                        dot = _mm512_fmadd_ps(_mm512_loadu_ps(qs + i * D + 16 * c), kl[c], dot);
-                    float s = _mm512_reduce_add_ps(dot) * scale;
+                        dot = v16_fma(v16_load(qs + i * D + 16 * c), kl[c], dot);
+                    float s = v16_sum(dot) * scale;
                     scores[i * n + l] = s;
                     peak[i] = s > peak[i] ? s : peak[i];
                 }
@@ -71,32 +66,28 @@ int zenedge_decode_attention(const float *q, const float *keys, const float *val
             /* softmax weights, then the weighted sum of values */
             for (int64_t i = 0; i < G; i++) {
                 float *row = scores + i * n;
-                const __m512 top = _mm512_set1_ps(peak[i]);
-                __m512 total = _mm512_setzero_ps();
+                const v16 top = v16_set1(peak[i]);
+                v16 total = v16_zero();
                 for (int64_t l = 0; l < n; l += 16) {
-                    __mmask16 live = n - l >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - l)) - 1);
-                    __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + l), top));
-                    e = _mm512_maskz_mov_ps(live, e);
-                    _mm512_mask_storeu_ps(row + l, live, e);
-                    total = _mm512_add_ps(total, e);
+                    const v16 e = v16_first(v16_exp_nonpositive(v16_sub(v16_load_part(row + l, n - l), top)), n - l);
+                    v16_store_part(row + l, e, n - l);
+                    total = v16_add(total, e);
                 }
-                const __m512 norm = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
-                for (int64_t l = 0; l < n; l += 16) {
-                    __mmask16 live = n - l >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - l)) - 1);
-                    _mm512_mask_storeu_ps(row + l, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, row + l), norm));
-                }
+                const v16 norm = v16_set1(1.0f / v16_sum(total));
+                for (int64_t l = 0; l < n; l += 16)
+                    v16_store_part(row + l, v16_mul(v16_load_part(row + l, n - l), norm), n - l);
             }
-            __m512 acc[MAX_DIM / 16];
+            v16 acc[MAX_DIM / 16];
             for (int64_t i = 0; i < G; i++) {
                 for (int64_t c = 0; c < chunks; c++)
-                    acc[c] = _mm512_setzero_ps();
+                    acc[c] = v16_zero();
                 for (int64_t l = 0; l < n; l++) {
-                    const __m512 p = _mm512_set1_ps(scores[i * n + l]);
+                    const v16 p = v16_set1(scores[i * n + l]);
                     for (int64_t c = 0; c < chunks; c++)
-                        acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + l * D + 16 * c), acc[c]);
+                        acc[c] = v16_fma(p, v16_load(v + l * D + 16 * c), acc[c]);
                 }
                 for (int64_t c = 0; c < chunks; c++)
-                    _mm512_storeu_ps(os + i * D + 16 * c, acc[c]);
+                    v16_store(os + i * D + 16 * c, acc[c]);
             }
         }
     }

@@ -24,12 +24,7 @@
  * (positions + 1), length: the views' L. Returns 0; -1 when a scratch buffer could not be had; the
  * first non-zero status of a kernel it calls.
  */
-#include <immintrin.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "vector_exp.h"
+#include "lanes.h"
 
 #define MAX_SLICES 3   /* LoRA or sign slices a variant adds to one product (q, k, v) */
 
@@ -86,17 +81,15 @@ typedef struct {
 /* out[m, j] = SiLU(gu[m, j])·gu[m, I + j] for rows of gate and up side by side, SiLU(g) =
    g / (1 + e^-g), as g·t / (1 + t) with t = e^g below 0 (no overflow). */
 int zenedge_silu_mul(const float *gu, float *out, int64_t M, int64_t I) {
-    const __m512 one = _mm512_set1_ps(1.0f);
+    const v16 one = v16_set1(1.0f);
     for (int64_t m = 0; m < M; m++) {
         const float *g = gu + m * 2 * I, *u = g + I;
         for (int64_t j = 0; j < I; j += 16) {
-            __mmask16 live = I - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (I - j)) - 1);
-            __m512 x = _mm512_maskz_loadu_ps(live, g + j);
-            __m512 t = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));   /* e^-|x| */
-            __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-            __m512 top = _mm512_mask_mul_ps(x, negative, x, t);                                /* x or x·t */
-            __m512 silu = _mm512_div_ps(top, _mm512_add_ps(one, t));
-            _mm512_mask_storeu_ps(out + m * I + j, live, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(live, u + j)));
+            const v16 x = v16_load_part(g + j, I - j);
+            const v16 t = v16_exp_nonpositive(v16_sub(v16_zero(), v16_abs(x)));   /* e^-|x| */
+            const v16 top = v16_where_negative(x, v16_mul(x, t));                 /* x or x·t */
+            const v16 silu = v16_div(top, v16_add(one, t));
+            v16_store_part(out + m * I + j, v16_mul(silu, v16_load_part(u + j, I - j)), I - j);
         }
     }
     return 0;
@@ -153,19 +146,15 @@ static void rope(float *x, int64_t n, int64_t heads, int64_t D, int64_t ld, cons
             memcpy(rolled, v + D / 2, (size_t)(D / 2) * sizeof(float));
             memcpy(rolled + D / 2, v, (size_t)(D / 2) * sizeof(float));
             for (int64_t d = 0; d < D; d += 16) {
-                __m512 c = _mm512_loadu_ps(cos + b * D + d), s = _mm512_loadu_ps(sin + b * D + d);
-                _mm512_storeu_ps(v + d, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + d), c),
-                                                      _mm512_mul_ps(_mm512_loadu_ps(rolled + d), s)));
+                const v16 c = v16_load(cos + b * D + d), s = v16_load(sin + b * D + d);
+                v16_store(v + d, v16_add(v16_mul(v16_load(v + d), c), v16_mul(v16_load(rolled + d), s)));
             }
         }
 }
 
 static void add_into(float *x, const float *y, int64_t count) {
-    for (int64_t i = 0; i < count; i += 16) {
-        __mmask16 live = count - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (count - i)) - 1);
-        _mm512_mask_storeu_ps(x + i, live, _mm512_add_ps(_mm512_maskz_loadu_ps(live, x + i),
-                                                         _mm512_maskz_loadu_ps(live, y + i)));
-    }
+    for (int64_t i = 0; i < count; i += 16)
+        v16_store_part(x + i, v16_add(v16_load_part(x + i, count - i), v16_load_part(y + i, count - i)), count - i);
 }
 
 int zenedge_decode_step(float *x, int64_t n, const zenedge_layer *layers, int64_t count, const zenedge_shape *shape,

@@ -1,4 +1,4 @@
-/* y = x·Wᵀ for weight-only int4 W, on one CPU core with AVX-512 BF16: the decode step's matmuls.
+/* y = x·Wᵀ for weight-only int4 W, on one CPU core: the decode step's matmuls.
  *
  * Decoding reads every weight once per token, so at one row this product is bound by memory and
  * the job is to keep up with it; at several rows (a batch of requests) the same weights serve
@@ -31,49 +31,62 @@
  * rows are, so a row's product is the same alone as in a batch. Single-threaded. Returns 0; -1
  * when it could not allocate its scratch, -2 for a shape it does not take (nothing written then).
  *
- * The inner loop (`block`: the unpacking, the dot products, the scales) is all that depends on the
- * instruction set.
+ * That is the AVX-512 BF16 build. Elsewhere (AVX2, NEON, the scalar reference) the same sums are
+ * made with fp32 FMAs on lanes.h's v16: a nibble becomes the fp32 128 + q by OR-ing it into
+ * 0x43000000's mantissa, and since 128 + q times a bf16 x is exact in fp32, an FMA rounds once
+ * where VDPBF16PS does (which adds its odd product, then its even one: measured on this CPU), so
+ * every instruction set gives the same bits. Only `block` and the nibble unpacking differ.
  */
-#include <immintrin.h>
-#include <stdint.h>
-#include <stdlib.h>
+#include "lanes.h"
 
 #define MAX_INPUTS 32768
-#define ROWS 16            /* rows of W per block: the vector's fp32 lanes */
-#define MAX_TILE 8         /* rows of x per pass over a block: two accumulators each stay in registers */
+#define ROWS 16            /* rows of W per block: a v16's lanes */
+#if defined(ZENEDGE_AVX512)
+#define MAX_TILE 8         /* rows of x per pass over a block: their accumulators stay in registers */
+#else
+#define MAX_TILE 4
+#endif
 
 /* Software prefetches of the weights ahead go to L2, not L1: on an AMD EPYC core, 30 layers' worth
    in 2 MB pages streamed in 4.7 ms with L1 prefetches and 4.2 ms with L2 ones (2026-12-01). */
-#define AHEAD _MM_HINT_T1
 #define BLOCKS_AHEAD 2
 
-/* bf16 → fp32 for 16 values */
-static inline __m512 widen_bf16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+/* The end of group g for MC rows of x: acc += (dot + dot_b)·s, acc += (z - 136 s)·Σx, with s and z
+   the block's 16 scales and zeros in the lanes' order */
+INLINE void end_group(v16 *acc, const v16 *dot, const v16 *dot_b, v16 s, v16 zero, const float *sums,
+                      int64_t groups, int64_t m0, int64_t g, const int MC) {
+    const v16 z = v16_fma(s, v16_set1(-136.0f), zero);
+    for (int i = 0; i < MC; i++) {
+        acc[i] = v16_fma(v16_add(dot[i], dot_b[i]), s, acc[i]);
+        acc[i] = v16_fma(z, v16_set1(sums[(m0 + i) * groups + g]), acc[i]);
+    }
 }
 
+#if defined(ZENEDGE_AVX512)
+typedef uint16_t x_bf16;   /* x in bf16 words, read in pairs of inputs */
+INLINE x_bf16 x_entry(float value) { return to_bf16(value); }
+
 /* One block of 16 rows of W against MC rows of x from x row m0 (MC constant: unrolled, in
-   registers). xp: x in bf16 as pairs of inputs (uint32 [M, K/2]); sums: Σ of each group of bf16
-   x [M, K/32]. Every (W row, x row) sum: per group, 8 dot products into each of two fresh
-   vectors, then acc += (a + b)·s, acc += (z - 136 s)·Σx; the same steps for any MC. */
-static inline __attribute__((always_inline)) void block(const uint8_t *codes, const uint8_t *ahead,
-                                                        const uint16_t *scale, const uint16_t *zero,
-                                                        const uint32_t *xp, const float *sums, int64_t K,
-                                                        int64_t m0, float *y, int64_t N, int64_t n, const int MC) {
+   registers). xs: x in bf16 [M, K]; sums: Σ of each group of bf16 x [M, K/32]. Every (W row,
+   x row) sum: per group, 8 dot products into each of two fresh vectors, then acc += (a + b)·s,
+   acc += (z - 136 s)·Σx; the same steps for any MC. */
+INLINE void block(const uint8_t *codes, const uint8_t *ahead, const uint16_t *scale, const uint16_t *zero,
+                  const x_bf16 *xs, const float *sums, int64_t K, int64_t m0, float *y, int64_t N, int64_t n,
+                  const int MC) {
     const int64_t groups = K / 32, pairs = K / 2;
+    const uint32_t *xp = (const uint32_t *)xs;
     const __m512i nibble = _mm512_set1_epi16(0x000F), exponent = _mm512_set1_epi16(0x4300);
-    const __m512 c136 = _mm512_set1_ps(-136.0f);
-    __m512 acc[MAX_TILE];
+    v16 acc[MAX_TILE];
     for (int i = 0; i < MC; i++)
-        acc[i] = _mm512_setzero_ps();
+        acc[i] = v16_zero();
     for (int64_t g = 0; g < groups; g++) {
-        __m512 dot[MAX_TILE], dot_b[MAX_TILE];   /* two chains per row: the low and the high nibbles */
+        v16 dot[MAX_TILE], dot_b[MAX_TILE];   /* two chains per row: the low and the high nibbles */
         for (int i = 0; i < MC; i++)
-            dot[i] = dot_b[i] = _mm512_setzero_ps();
+            dot[i] = dot_b[i] = v16_zero();
         const uint8_t *c = codes + g * 8 * 32;
         for (int k = 0; k < 8; k++) {            /* 4 inputs of the 16 rows per step */
             if (!(k & 1))
-                _mm_prefetch((const char *)(ahead + g * 8 * 32 + k * 32), AHEAD);
+                PREFETCH_L2(ahead + g * 8 * 32 + k * 32);
             __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(c + k * 32)));
             __m512bh q_a = (__m512bh)_mm512_ternarylogic_epi32(words, nibble, exponent, 0xEA);  /* (w & 0xF) | 0x4300 */
             __m512bh q_b = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(words, 4), exponent);    /* (w >> 4) | 0x4300 */
@@ -84,36 +97,125 @@ static inline __attribute__((always_inline)) void block(const uint8_t *codes, co
                 dot_b[i] = _mm512_dpbf16_ps(dot_b[i], (__m512bh)_mm512_set1_epi32((int)row[1]), q_b);
             }
         }
-        const __m512 s = widen_bf16(scale + g * ROWS);
-        const __m512 z = _mm512_fmadd_ps(s, c136, widen_bf16(zero + g * ROWS));
-        for (int i = 0; i < MC; i++) {
-            acc[i] = _mm512_fmadd_ps(_mm512_add_ps(dot[i], dot_b[i]), s, acc[i]);
-            acc[i] = _mm512_fmadd_ps(z, _mm512_set1_ps(sums[(m0 + i) * groups + g]), acc[i]);
-        }
+        end_group(acc, dot, dot_b, v16_from_bf16(scale + g * ROWS), v16_from_bf16(zero + g * ROWS), sums, groups, m0,
+                  g, MC);
     }
     for (int i = 0; i < MC; i++)
-        _mm512_storeu_ps(y + (m0 + i) * N + n, acc[i]);
+        v16_store(y + (m0 + i) * N + n, acc[i]);
 }
+
+#else
+typedef float x_bf16;      /* x rounded to bf16, kept as fp32 */
+INLINE x_bf16 x_entry(float value) { return from_bf16(to_bf16(value)); }
+
+/* 128 + q as fp32 for the 16 rows of a block at the inputs 4c + 0..3, from the 32 bytes of codes
+   at c: word j (bytes 2j, 2j+1) holds row j's four nibbles, inputs 0, 2, 1, 3 from the low end */
+#if defined(ZENEDGE_AVX2)
+/* AVX2 makes the 16 rows' bf16 words 128 + q as AVX-512 does, with 16-bit operations on all 16 rows
+   at once, and widens them to fp32 by interleaving them with zero words. The interleave works
+   within 128-bit halves, so its lanes hold the rows 0-3, 8-11 (lo) and 4-7, 12-15 (hi): the scales
+   and zeros are widened the same way, and the rows are put back in order when stored. */
+#define ROWS_SHUFFLED 1
+INLINE v16 widen(__m256i words) {
+    const __m256i zero = _mm256_setzero_si256();
+    return (v16){_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, words)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, words))};
+}
+INLINE v16 widen_bf16(const uint16_t *p) { return widen(_mm256_loadu_si256((const __m256i *)p)); }
+INLINE void store_rows(float *y, v16 a) {
+    _mm256_storeu_ps(y, _mm256_permute2f128_ps(a.lo, a.hi, 0x20));
+    _mm256_storeu_ps(y + 8, _mm256_permute2f128_ps(a.lo, a.hi, 0x31));
+}
+INLINE void unpack(const uint8_t *c, v16 q[4]) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)c), nibble = _mm256_set1_epi16(0xF),
+                  exponent = _mm256_set1_epi16(0x4300);
+    q[0] = widen(_mm256_or_si256(_mm256_and_si256(w, nibble), exponent));
+    q[1] = widen(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 8), nibble), exponent));
+    q[2] = widen(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), nibble), exponent));
+    q[3] = widen(_mm256_or_si256(_mm256_srli_epi16(w, 12), exponent));
+}
+#elif defined(ZENEDGE_NEON)
+INLINE void unpack(const uint8_t *c, v16 q[4]) {
+    static const uint32_t masks[4] = {0xF, 0xF00, 0xF0, 0xF000};
+    static const int32_t shifts[4] = {16, 8, 12, 4};
+    const uint16x8_t lo = vld1q_u16((const uint16_t *)c), hi = vld1q_u16((const uint16_t *)(c + 16));
+    const uint32x4_t words[4] = {vmovl_u16(vget_low_u16(lo)), vmovl_high_u16(lo), vmovl_u16(vget_low_u16(hi)),
+                                 vmovl_high_u16(hi)};
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 4; i++)
+            q[t].q[i] = vreinterpretq_f32_u32(vorrq_u32(
+                vshlq_u32(vandq_u32(words[i], vdupq_n_u32(masks[t])), vdupq_n_s32(shifts[t])), vdupq_n_u32(0x43000000)));
+}
+#else
+INLINE void unpack(const uint8_t *c, v16 q[4]) {
+    for (int j = 0; j < 16; j++) {
+        const uint32_t w = (uint32_t)c[2 * j] | (uint32_t)c[2 * j + 1] << 8;
+        q[0].f[j] = 128.0f + (float)(w & 0xF);
+        q[1].f[j] = 128.0f + (float)((w >> 8) & 0xF);
+        q[2].f[j] = 128.0f + (float)((w >> 4) & 0xF);
+        q[3].f[j] = 128.0f + (float)(w >> 12);
+    }
+}
+#endif
+#if !defined(ROWS_SHUFFLED)   /* lanes are rows in order */
+INLINE v16 widen_bf16(const uint16_t *p) { return v16_from_bf16(p); }
+INLINE void store_rows(float *y, v16 a) { v16_store(y, a); }
+#endif
+
+/* As the AVX-512 block: per input pair, acc += q·x of the odd input, then of the even one (the
+   order VDPBF16PS adds in), low and high nibbles in two chains. */
+INLINE void block(const uint8_t *codes, const uint8_t *ahead, const uint16_t *scale, const uint16_t *zero,
+                  const x_bf16 *xs, const float *sums, int64_t K, int64_t m0, float *y, int64_t N, int64_t n,
+                  const int MC) {
+    const int64_t groups = K / 32;
+    v16 acc[MAX_TILE];
+    for (int i = 0; i < MC; i++)
+        acc[i] = v16_zero();
+    for (int64_t g = 0; g < groups; g++) {
+        v16 dot[MAX_TILE], dot_b[MAX_TILE];
+        for (int i = 0; i < MC; i++)
+            dot[i] = dot_b[i] = v16_zero();
+        const uint8_t *c = codes + g * 8 * 32;
+        for (int k = 0; k < 8; k++) {
+            if (!(k & 1))
+                PREFETCH_L2(ahead + g * 8 * 32 + k * 32);
+            v16 q[4];
+            unpack(c + k * 32, q);
+            for (int i = 0; i < MC; i++) {
+                const float *xi = xs + (m0 + i) * K + g * 32 + 4 * k;
+                dot[i] = v16_fma(q[1], v16_set1(xi[1]), dot[i]);
+                dot[i] = v16_fma(q[0], v16_set1(xi[0]), dot[i]);
+                dot_b[i] = v16_fma(q[3], v16_set1(xi[3]), dot_b[i]);
+                dot_b[i] = v16_fma(q[2], v16_set1(xi[2]), dot_b[i]);
+            }
+        }
+        end_group(acc, dot, dot_b, widen_bf16(scale + g * ROWS), widen_bf16(zero + g * ROWS), sums, groups, m0, g, MC);
+    }
+    for (int i = 0; i < MC; i++)
+        store_rows(y + (m0 + i) * N + n, acc[i]);
+}
+#endif
 
 int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,
                       float *y, int64_t M, int64_t N, int64_t K) {
-    const int64_t groups = K / 32, pairs = K / 2, block_bytes = ROWS * K / 2, block_scales = ROWS * groups;
+    const int64_t groups = K / 32, block_bytes = ROWS * K / 2, block_scales = ROWS * groups;
     if (K % 64 || K > MAX_INPUTS || N % ROWS)
         return -2;
-    uint32_t *xp = aligned_alloc(64, (size_t)(M * pairs) * sizeof(uint32_t) + 64);   /* x in bf16, in pairs */
-    float *sums = malloc((size_t)(M * groups) * sizeof(float));                      /* Σ of each group's bf16 x */
-    if (!xp || !sums) {
-        free(xp);
+    x_bf16 *xs = scratch((size_t)(M * K) * sizeof(x_bf16));
+    float *sums = malloc((size_t)(M * groups) * sizeof(float));   /* Σ of each group's bf16 x */
+    if (!xs || !sums) {
+        free(xs);
         free(sums);
         return -1;
     }
-    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3F80);                     /* bf16 1.0 */
     for (int64_t m = 0; m < M; m++)
         for (int64_t g = 0; g < groups; g++) {
             const float *src = x + m * K + g * 32;
-            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));   /* low half: src[0:16] */
-            _mm512_storeu_si512(xp + m * pairs + g * 16, (__m512i)v);
-            sums[m * groups + g] = _mm512_reduce_add_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), v, ones));
+            float pairs[16];   /* lane j: 0 + x[2j + 1] + x[2j], as a dot product with ones adds them */
+            for (int j = 0; j < 32; j++)
+                xs[m * K + g * 32 + j] = x_entry(src[j]);
+            for (int j = 0; j < 16; j++)
+                pairs[j] = (0.0f + from_bf16(to_bf16(src[2 * j + 1]))) + from_bf16(to_bf16(src[2 * j]));
+            sums[m * groups + g] = v16_sum(v16_load(pairs));
         }
     for (int64_t b = 0; b < N / ROWS; b++) {
         const uint8_t *c = codes + b * block_bytes;
@@ -123,18 +225,20 @@ int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scal
         const uint16_t *s = scale + b * block_scales, *z = zero + b * block_scales;
         for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {
             switch (M - m0 >= MAX_TILE ? MAX_TILE : (int)(M - m0)) {
-            case 8: block(c, ahead, s, z, xp, sums, K, m0, y, N, b * ROWS, 8); break;
-            case 7: block(c, ahead, s, z, xp, sums, K, m0, y, N, b * ROWS, 7); break;
-            case 6: block(c, ahead, s, z, xp, sums, K, m0, y, N, b * ROWS, 6); break;
-            case 5: block(c, ahead, s, z, xp, sums, K, m0, y, N, b * ROWS, 5); break;
-            case 4: block(c, ahead, s, z, xp, sums, K, m0, y, N, b * ROWS, 4); break;
-            case 3: block(c, ahead, s, z, xp, sums, K, m0, y, N, b * ROWS, 3); break;
-            case 2: block(c, ahead, s, z, xp, sums, K, m0, y, N, b * ROWS, 2); break;
-            default: block(c, ahead, s, z, xp, sums, K, m0, y, N, b * ROWS, 1); break;
+#if MAX_TILE == 8
+            case 8: block(c, ahead, s, z, xs, sums, K, m0, y, N, b * ROWS, 8); break;
+            case 7: block(c, ahead, s, z, xs, sums, K, m0, y, N, b * ROWS, 7); break;
+            case 6: block(c, ahead, s, z, xs, sums, K, m0, y, N, b * ROWS, 6); break;
+            case 5: block(c, ahead, s, z, xs, sums, K, m0, y, N, b * ROWS, 5); break;
+#endif
+            case 4: block(c, ahead, s, z, xs, sums, K, m0, y, N, b * ROWS, 4); break;
+            case 3: block(c, ahead, s, z, xs, sums, K, m0, y, N, b * ROWS, 3); break;
+            case 2: block(c, ahead, s, z, xs, sums, K, m0, y, N, b * ROWS, 2); break;
+            default: block(c, ahead, s, z, xs, sums, K, m0, y, N, b * ROWS, 1); break;
             }
         }
     }
-    free(xp);
+    free(xs);
     free(sums);
     return 0;
 }

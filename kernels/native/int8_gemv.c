@@ -1,5 +1,5 @@
 /* y = x·Wᵀ for int8 W with one fp16 scale per 32 inputs (llama.cpp's Q8_0), fp32 x and y, one CPU
- * core with AVX-512: the output head of an int4 model.
+ * core: the output head of an int4 model.
  *
  * The head is the largest weight a decode step reads (SmolLM2-135M: 49152 × 576, 57 MB in bf16,
  * 45 % of the step's bytes). In this format it is 30 MB, and for a base that came from a GGUF
@@ -18,46 +18,46 @@
  * x fp32 [M, K], y fp32 [M, N]. K a multiple of 32, at most MAX_INPUTS. Returns 0; -2 for a K it
  * does not take (nothing written then).
  */
-#include <immintrin.h>
-#include <stdint.h>
+#include "lanes.h"
 
 #define MAX_INPUTS 32768
-#define ROWS 16       /* rows of W per block: the vector's fp32 lanes */
-#define MAX_TILE 8    /* rows of x per pass over a block: two accumulators each stay in registers */
+#define ROWS 16       /* rows of W per block: a v16's lanes */
 #define BLOCKS_AHEAD 2
+#if defined(ZENEDGE_AVX512)
+#define MAX_TILE 8    /* rows of x per pass over a block: their accumulators stay in registers */
+#else
+#define MAX_TILE 4
+#endif
 
 /* One block of W against MC rows of x from m0 (MC constant: unrolled, in registers); `live`: the
    block's rows that exist (the last block may be partial). */
-static inline __attribute__((always_inline)) void block(const int8_t *codes, const int8_t *ahead,
-                                                        const uint16_t *scale, const float *x, int64_t K,
-                                                        int64_t m0, float *y, int64_t N, int64_t n, __mmask16 live,
-                                                        const int MC) {
+INLINE void block(const int8_t *codes, const int8_t *ahead, const uint16_t *scale, const float *x, int64_t K,
+                  int64_t m0, float *y, int64_t N, int64_t n, int64_t live, const int MC) {
     const int64_t groups = K / 32;
-    __m512 acc[MAX_TILE];
+    v16 acc[MAX_TILE];
     for (int i = 0; i < MC; i++)
-        acc[i] = _mm512_setzero_ps();
+        acc[i] = v16_zero();
     for (int64_t g = 0; g < groups; g++) {
         const int8_t *c = codes + g * 32 * ROWS;
-        __m512 even[MAX_TILE], odd[MAX_TILE];   /* two chains per row: a chain's FMAs wait on each other */
+        v16 even[MAX_TILE], odd[MAX_TILE];   /* two chains per row: a chain's FMAs wait on each other */
         for (int i = 0; i < MC; i++)
-            even[i] = odd[i] = _mm512_setzero_ps();
+            even[i] = odd[i] = v16_zero();
         for (int k = 0; k < 32; k += 2) {
             if (!(k & 3))   /* one cache line per 4 inputs, BLOCKS_AHEAD blocks ahead, into L2 */
-                _mm_prefetch((const char *)(ahead + g * 32 * ROWS + k * ROWS), _MM_HINT_T1);
-            const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + k * ROWS))));
-            const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(c + (k + 1) * ROWS))));
+                PREFETCH_L2(ahead + g * 32 * ROWS + k * ROWS);
+            const v16 w0 = v16_from_int8(c + k * ROWS), w1 = v16_from_int8(c + (k + 1) * ROWS);
             for (int i = 0; i < MC; i++) {
                 const float *xi = x + (m0 + i) * K + g * 32 + k;
-                even[i] = _mm512_fmadd_ps(w0, _mm512_set1_ps(xi[0]), even[i]);
-                odd[i] = _mm512_fmadd_ps(w1, _mm512_set1_ps(xi[1]), odd[i]);
+                even[i] = v16_fma(w0, v16_set1(xi[0]), even[i]);
+                odd[i] = v16_fma(w1, v16_set1(xi[1]), odd[i]);
             }
         }
-        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scale + g * ROWS)));
+        const v16 s = v16_from_half(scale + g * ROWS);
         for (int i = 0; i < MC; i++)
-            acc[i] = _mm512_fmadd_ps(_mm512_add_ps(even[i], odd[i]), s, acc[i]);
+            acc[i] = v16_fma(v16_add(even[i], odd[i]), s, acc[i]);
     }
     for (int i = 0; i < MC; i++)
-        _mm512_mask_storeu_ps(y + (m0 + i) * N + n, live, acc[i]);
+        v16_store_part(y + (m0 + i) * N + n, acc[i], live);
 }
 
 int zenedge_int8_gemm(const float *x, const int8_t *codes, const uint16_t *scale, float *y, int64_t M,
@@ -69,14 +69,15 @@ int zenedge_int8_gemm(const float *x, const int8_t *codes, const uint16_t *scale
         const int8_t *c = codes + b * block_bytes;
         const int8_t *ahead = b + BLOCKS_AHEAD < blocks ? c + BLOCKS_AHEAD * block_bytes : c;
         const uint16_t *s = scale + b * block_scales;
-        const int64_t left = N - b * ROWS;
-        const __mmask16 live = left >= ROWS ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const int64_t live = N - b * ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {
             switch (M - m0 >= MAX_TILE ? MAX_TILE : (int)(M - m0)) {
+#if MAX_TILE == 8
             case 8: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 8); break;
             case 7: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 7); break;
             case 6: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 6); break;
             case 5: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 5); break;
+#endif
             case 4: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 4); break;
             case 3: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 3); break;
             case 2: block(c, ahead, s, x, K, m0, y, N, b * ROWS, live, 2); break;

@@ -94,11 +94,19 @@ def _threads(report) -> str:
     return f"threads {report['setting']} (prefill {report['wide']}, decode {report.get('decode', report['wide'])})"
 
 
+def _kernels(report: dict | None) -> str:
+    """'C kernels: avx2 (ZENEDGE_CPU_ISA=avx2)', or why they are off."""
+    if not report:
+        return "C kernels not reported"
+    return f"C kernels: {report['isa']} ({report['why']})" if report["isa"] else f"C kernels off ({report['why']})"
+
+
 def markdown(result: dict) -> str:
     """The table BENCHMARKS.md records: rows, loads and switches, targets."""
     m = result["machine"]
     lines = [
-        f"Run {result['date']} on {m['cpu']}, {m['cores']} cores, torch {m['torch']}, {_threads(m['threads'])}; "
+        f"Run {result['date']} on {m['cpu']}, {m['cores']} cores, torch {m['torch']}, {_threads(m['threads'])}, "
+        f"{_kernels(m.get('native_kernels'))}; "
         f"background load: {load.describe(result.get('background_load', 0))}; "
         f"load average at start {m['load_average_at_start']}. Base: {result['base_dir']} ({result['base_source']}). "
         f"{result['tokens']} new tokens, greedy, batch rows as listed; medians of {result['repeats']} interleaved rounds. "

@@ -34,13 +34,20 @@ def _progress(message: str) -> None:
 @click.option("--llama-bench", "llama_bench", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               default=None, help="A built llama.cpp llama-bench: its decode of the same GGUF as peer rows "
                                  "(default: $ZENEDGE_LLAMA_BENCH; none: the rows are skipped).")
+@click.option("--isa", type=click.Choice(["avx512", "avx2", "neon", "scalar", "off"]), default=None,
+              help="The C kernels' instruction set (as ZENEDGE_CPU_ISA; default: the best this CPU runs), e.g. "
+                   "avx2 on an AVX-512 machine to measure what laptops without AVX-512 get.")
 @json_option
 def run(tokens: int, repeats: int, threads: int | None, background_load: int, base_dir: Path | None,
-        llama_bench: Path | None, json_out: bool) -> None:
+        llama_bench: Path | None, isa: str | None, json_out: bool) -> None:
     """Decode throughput: transformers' generate vs zenedge (base, LoRA, BitDelta packed and dense,
     batches of 2-16 rows of the base and of mixed variants, each against one base row), llama.cpp
     on the same GGUF when given, switch and cold-load times, bytes per token against the copy
     bandwidth, and the CPU targets."""
+    import os
+
+    if isa is not None:   # before anything asks for the kernels: they are chosen once per process
+        os.environ["ZENEDGE_CPU_ISA"] = isa
     from zenedge.bench.load import background_load as held
     from zenedge.bench.report import markdown, targets
     from zenedge.bench.throughput import Options, run_bench

@@ -114,7 +114,7 @@ def _decode_paths(cfg, device, weights: str) -> list[tuple[str, str, str]]:
         from zenedge.kernels import native
 
         off = native.off_reason()
-        detail += ", native kernels on" if off is None else f", native kernels off ({off})"
+        detail += f", native kernels on ({_isa_text(*native.isa())})" if off is None else f", native kernels off ({off})"
     return [("decode path", "ok" if off is None else "warn",
              detail + "; no base in the pool yet: its forward is decided by its model classes")]
 
@@ -142,7 +142,8 @@ def _threads_line(cfg, device, weights: str) -> str:
 def _path_line(path: dict, device: str) -> tuple[str, str]:
     """(status, detail) of one decode path (runtime.decode.DecodePath as a dict): a warning where
     decoding runs slower than it could here."""
-    native = "native kernels on" if path["native_kernels"] else f"native kernels off ({path['native_kernels_off']})"
+    native = f"native kernels on ({_isa_text(path.get('native_isa'), path.get('native_isa_why'))})" \
+        if path["native_kernels"] else f"native kernels off ({path['native_kernels_off']})"
     detail = f"{path['stepper']} stepper, {path['forward']} forward, {path['weights']} weights"
     if device.startswith("cpu"):
         detail += f", {native}"
@@ -152,6 +153,11 @@ def _path_line(path: dict, device: str) -> tuple[str, str]:
         detail += f"; the latest batch ran the Python step: {path['c_step_fallback']}"
     slow = path["lean_refused"] or (device.startswith("cpu") and not path["native_kernels"])
     return "warn" if slow else "ok", detail
+
+
+def _isa_text(isa: str | None, why: str | None) -> str:
+    """'avx2: the CPU has avx2, fma, f16c; not avx512_bf16' (an older daemon reports no instruction set)."""
+    return f"{isa}: {why}" if isa else "instruction set not reported"
 
 
 def _version(package: str) -> str:

@@ -337,6 +337,8 @@ class DecodePath:
     weights: str                # the CPU matmul weight format (cpu_weights.py); "full" on CUDA
     native_kernels: bool        # zenedge's C kernels for the CPU are loaded (kernels/native/)
     native_kernels_off: str | None = None   # why they are not
+    native_isa: str | None = None           # the instruction set they are built for (kernels/native isa())
+    native_isa_why: str | None = None       # why that one
     lean_refused: str | None = None         # why the forward is not the lean one
     c_step_fallback: str | None = None      # why the latest decode batch ran the Python step, not the C step
 
@@ -349,5 +351,6 @@ def decode_path(model, device: torch.device, weights: str, graphs: bool = True) 
     else:
         refused = lean_llama.refusal(model)
     off = native.off_reason() if device.type == "cpu" else f"the model is on {device.type}, not the CPU"
-    return DecodePath(stepper, "transformers" if refused else "lean", weights, off is None, off, refused,
+    isa, why = native.isa() if off is None else (None, None)
+    return DecodePath(stepper, "transformers" if refused else "lean", weights, off is None, off, isa, why, refused,
                       lean_llama.c_step_fallback(model))

@@ -208,6 +208,8 @@ class _DecodePathRequired(TypedDict):
 
 class DecodePath(_DecodePathRequired, total=False):
     native_kernels_off: Union[str, None]
+    native_isa: Union[str, None]
+    native_isa_why: Union[str, None]
     lean_refused: Union[str, None]
     c_step_fallback: Union[str, None]
 
