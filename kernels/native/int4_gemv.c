@@ -108,8 +108,10 @@ INLINE void block(const uint8_t *codes, const uint8_t *ahead, const uint16_t *sc
 typedef float x_bf16;      /* x rounded to bf16, kept as fp32 */
 INLINE x_bf16 x_entry(float value) { return from_bf16(to_bf16(value)); }
 
-/* 128 + q as fp32 for the 16 rows of a block at the inputs 4c + 0..3, from the 32 bytes of codes
-   at c: word j (bytes 2j, 2j+1) holds row j's four nibbles, inputs 0, 2, 1, 3 from the low end */
+/* 128 + q as fp32 for the 16 rows of a block at the input 4c + t, from the 32 bytes of codes at c:
+   word j (bytes 2j, 2j + 1) holds row j's four nibbles, inputs 0, 2, 1, 3 from the low end */
+static const int SHIFT[4] = {0, 8, 4, 12};
+static const int ORDER[4] = {1, 0, 3, 2};   /* VDPBF16PS's order: a pair's odd input, then its even one */
 #if defined(ZENEDGE_AVX2)
 /* AVX2 makes the 16 rows' bf16 words 128 + q as AVX-512 does, with 16-bit operations on all 16 rows
    at once, and widens them to fp32 by interleaving them with zero words. The interleave works
@@ -125,35 +127,30 @@ INLINE void store_rows(float *y, v16 a) {
     _mm256_storeu_ps(y, _mm256_permute2f128_ps(a.lo, a.hi, 0x20));
     _mm256_storeu_ps(y + 8, _mm256_permute2f128_ps(a.lo, a.hi, 0x31));
 }
-INLINE void unpack(const uint8_t *c, v16 q[4]) {
-    const __m256i w = _mm256_loadu_si256((const __m256i *)c), nibble = _mm256_set1_epi16(0xF),
-                  exponent = _mm256_set1_epi16(0x4300);
-    q[0] = widen(_mm256_or_si256(_mm256_and_si256(w, nibble), exponent));
-    q[1] = widen(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 8), nibble), exponent));
-    q[2] = widen(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), nibble), exponent));
-    q[3] = widen(_mm256_or_si256(_mm256_srli_epi16(w, 12), exponent));
+INLINE v16 nibbles(const uint8_t *c, int t) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)c), nibble = _mm256_set1_epi16(0xF);
+    const __m256i q = t == 3 ? _mm256_srli_epi16(w, 12) : _mm256_and_si256(_mm256_srli_epi16(w, SHIFT[t]), nibble);
+    return widen(_mm256_or_si256(q, _mm256_set1_epi16(0x4300)));
 }
 #elif defined(ZENEDGE_NEON)
-INLINE void unpack(const uint8_t *c, v16 q[4]) {
-    static const uint32_t masks[4] = {0xF, 0xF00, 0xF0, 0xF000};
-    static const int32_t shifts[4] = {16, 8, 12, 4};
-    const uint16x8_t lo = vld1q_u16((const uint16_t *)c), hi = vld1q_u16((const uint16_t *)(c + 16));
-    const uint32x4_t words[4] = {vmovl_u16(vget_low_u16(lo)), vmovl_high_u16(lo), vmovl_u16(vget_low_u16(hi)),
-                                 vmovl_high_u16(hi)};
-    for (int t = 0; t < 4; t++)
-        for (int i = 0; i < 4; i++)
-            q[t].q[i] = vreinterpretq_f32_u32(vorrq_u32(
-                vshlq_u32(vandq_u32(words[i], vdupq_n_u32(masks[t])), vdupq_n_s32(shifts[t])), vdupq_n_u32(0x43000000)));
+/* NEON makes the bf16 words as AVX2 does, eight rows per register, and widens them in row order */
+INLINE v16 nibbles(const uint8_t *c, int t) {
+    v16 q;
+    for (int h = 0; h < 2; h++) {            /* rows 0-7, then 8-15 */
+        const uint16x8_t w = vld1q_u16((const uint16_t *)(c + 16 * h));
+        const uint16x8_t n = t == 3 ? vshrq_n_u16(w, 12) : vandq_u16(vshlq_u16(w, vdupq_n_s16((int16_t)-SHIFT[t])), vdupq_n_u16(0xF));
+        const uint16x8_t words = vorrq_u16(n, vdupq_n_u16(0x4300));
+        q.q[2 * h] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(words), 16));
+        q.q[2 * h + 1] = vreinterpretq_f32_u32(vshll_high_n_u16(words, 16));
+    }
+    return q;
 }
 #else
-INLINE void unpack(const uint8_t *c, v16 q[4]) {
-    for (int j = 0; j < 16; j++) {
-        const uint32_t w = (uint32_t)c[2 * j] | (uint32_t)c[2 * j + 1] << 8;
-        q[0].f[j] = 128.0f + (float)(w & 0xF);
-        q[1].f[j] = 128.0f + (float)((w >> 8) & 0xF);
-        q[2].f[j] = 128.0f + (float)((w >> 4) & 0xF);
-        q[3].f[j] = 128.0f + (float)(w >> 12);
-    }
+INLINE v16 nibbles(const uint8_t *c, int t) {
+    v16 q;
+    for (int j = 0; j < 16; j++)
+        q.f[j] = 128.0f + (float)((((uint32_t)c[2 * j] | (uint32_t)c[2 * j + 1] << 8) >> SHIFT[t]) & 0xF);
+    return q;
 }
 #endif
 #if !defined(ROWS_SHUFFLED)   /* lanes are rows in order */
@@ -161,37 +158,55 @@ INLINE v16 widen_bf16(const uint16_t *p) { return v16_from_bf16(p); }
 INLINE void store_rows(float *y, v16 a) { v16_store(y, a); }
 #endif
 
-/* As the AVX-512 block: per input pair, acc += q·x of the odd input, then of the even one (the
-   order VDPBF16PS adds in), low and high nibbles in two chains. */
+/* As the AVX-512 block, on NB blocks at once (1, or 2 for a single row of x: at one row the chains
+   of FMAs wait on each other, and a second block's rows give independent ones): per input pair,
+   acc += q·x of the odd input, then of the even one (the order VDPBF16PS adds in), the low and
+   the high nibbles in two chains. `stride`: bytes between the blocks' codes; `scales`: scales and
+   zeros between them. */
+INLINE void blocks(const uint8_t *codes, int64_t stride, const uint8_t *ahead, const uint16_t *scale,
+                   const uint16_t *zero, int64_t scales, const x_bf16 *xs, const float *sums, int64_t K, int64_t m0,
+                   float *y, int64_t N, int64_t n, const int NB, const int MC) {
+    const int64_t groups = K / 32;
+    v16 acc[2][MAX_TILE];
+    for (int j = 0; j < NB; j++)
+        for (int i = 0; i < MC; i++)
+            acc[j][i] = v16_zero();
+    for (int64_t g = 0; g < groups; g++) {
+        v16 dot[2][MAX_TILE], dot_b[2][MAX_TILE];
+        for (int j = 0; j < NB; j++)
+            for (int i = 0; i < MC; i++)
+                dot[j][i] = dot_b[j][i] = v16_zero();
+        for (int k = 0; k < 8; k++) {
+            for (int j = 0; j < NB; j++) {
+                if (!(k & 1))
+                    PREFETCH_L2(ahead + j * stride + g * 8 * 32 + k * 32);
+                const uint8_t *c = codes + j * stride + g * 8 * 32 + k * 32;
+                for (int o = 0; o < 4; o++) {      /* inputs 1 then 0 into dot, 3 then 2 into dot_b */
+                    const int t = ORDER[o];
+                    const v16 q = nibbles(c, t);
+                    for (int i = 0; i < MC; i++) {
+                        const v16 x = v16_set1(xs[(m0 + i) * K + g * 32 + 4 * k + t]);
+                        if (o < 2)
+                            dot[j][i] = v16_fma(q, x, dot[j][i]);
+                        else
+                            dot_b[j][i] = v16_fma(q, x, dot_b[j][i]);
+                    }
+                }
+            }
+        }
+        for (int j = 0; j < NB; j++)
+            end_group(acc[j], dot[j], dot_b[j], widen_bf16(scale + j * scales + g * ROWS),
+                      widen_bf16(zero + j * scales + g * ROWS), sums, groups, m0, g, MC);
+    }
+    for (int j = 0; j < NB; j++)
+        for (int i = 0; i < MC; i++)
+            store_rows(y + (m0 + i) * N + n + j * ROWS, acc[j][i]);
+}
+
 INLINE void block(const uint8_t *codes, const uint8_t *ahead, const uint16_t *scale, const uint16_t *zero,
                   const x_bf16 *xs, const float *sums, int64_t K, int64_t m0, float *y, int64_t N, int64_t n,
                   const int MC) {
-    const int64_t groups = K / 32;
-    v16 acc[MAX_TILE];
-    for (int i = 0; i < MC; i++)
-        acc[i] = v16_zero();
-    for (int64_t g = 0; g < groups; g++) {
-        v16 dot[MAX_TILE], dot_b[MAX_TILE];
-        for (int i = 0; i < MC; i++)
-            dot[i] = dot_b[i] = v16_zero();
-        const uint8_t *c = codes + g * 8 * 32;
-        for (int k = 0; k < 8; k++) {
-            if (!(k & 1))
-                PREFETCH_L2(ahead + g * 8 * 32 + k * 32);
-            v16 q[4];
-            unpack(c + k * 32, q);
-            for (int i = 0; i < MC; i++) {
-                const float *xi = xs + (m0 + i) * K + g * 32 + 4 * k;
-                dot[i] = v16_fma(q[1], v16_set1(xi[1]), dot[i]);
-                dot[i] = v16_fma(q[0], v16_set1(xi[0]), dot[i]);
-                dot_b[i] = v16_fma(q[3], v16_set1(xi[3]), dot_b[i]);
-                dot_b[i] = v16_fma(q[2], v16_set1(xi[2]), dot_b[i]);
-            }
-        }
-        end_group(acc, dot, dot_b, widen_bf16(scale + g * ROWS), widen_bf16(zero + g * ROWS), sums, groups, m0, g, MC);
-    }
-    for (int i = 0; i < MC; i++)
-        store_rows(y + (m0 + i) * N + n, acc[i]);
+    blocks(codes, 0, ahead, scale, zero, 0, xs, sums, K, m0, y, N, n, 1, MC);
 }
 #endif
 
@@ -219,6 +234,15 @@ int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scal
         }
     for (int64_t b = 0; b < N / ROWS; b++) {
         const uint8_t *c = codes + b * block_bytes;
+#if !defined(ZENEDGE_AVX512)
+        if (M == 1 && b + 1 < N / ROWS) {   /* one row of x: two blocks at a time */
+            const uint8_t *ahead = b + 1 + BLOCKS_AHEAD < N / ROWS ? c + BLOCKS_AHEAD * block_bytes : c;
+            blocks(c, block_bytes, ahead, scale + b * block_scales, zero + b * block_scales, block_scales, xs, sums,
+                   K, 0, y, N, b * ROWS, 2, 1);
+            b++;
+            continue;
+        }
+#endif
         /* the blocks ahead, streamed into L2 while this one is used (the hardware prefetcher alone
            left a model's worth 1.3× slower, 2026-11-30); the last blocks prefetch themselves */
         const uint8_t *ahead = b + BLOCKS_AHEAD < N / ROWS ? c + BLOCKS_AHEAD * block_bytes : c;

@@ -133,6 +133,23 @@ def test_the_cpu_kernel_bench_measures_every_contender():
     assert "30 layers streamed" in cpu_kernels.report(results)
 
 
+def test_the_cpu_kernel_bench_times_each_instruction_set_this_cpu_runs():
+    import pytest
+
+    from zenedge.bench import cpu_kernels
+    from zenedge.kernels import native
+
+    contenders = [name for name in native.runnable_isas() if name != "scalar"]
+    if not contenders:
+        pytest.skip("this CPU runs no vector build of the kernels")
+    results = cpu_kernels.instruction_sets(rounds=1, layers=1)
+    assert len(results) == 7
+    for case, builds in results.items():
+        assert list(builds) == contenders, case
+        assert builds[contenders[0]]["÷ best"] == 1.0 and all(r["ms"] > 0 for r in builds.values())
+    assert f"Q8_0 head, 1 row: {contenders[0]} " in cpu_kernels.report({"instruction_sets": results})
+
+
 def test_mixed_batches_take_their_rows_as_the_targets_name_them():
     from zenedge.bench.throughput import describe_mix, mixed_rows
     from zenedge.merge.factors import LoraFactors

@@ -5,7 +5,10 @@
   o, gate/up and down, in model order: what a decode step reads, too much for the caches), and
   one 1536×576 weight at 1, 2, 4 and 32 rows of x;
 - RMSNorm of one 576-wide row; one-query attention (9 query heads over 3 KV heads of 64) at
-  64, 540 and 2000 cached positions, against SDPA.
+  64, 540 and 2000 cached positions, against SDPA;
+- each instruction set's build this CPU runs (`--isas`: AVX-512, AVX2; the scalar reference is
+  for correctness, not a contender), against the best: the streamed int4 products and the packed 1-bit sign products at 1, 4 and 16
+  rows, and the Q8_0 head (49152 × 576) at one row.
 
 Random weights (the kernels' speed does not depend on the values); best of `rounds` for each,
 the contenders interleaved round by round so a noisy neighbour hits both. Prints ratios.
@@ -96,19 +99,68 @@ def run(rounds: int = 15) -> dict:
     return results
 
 
+def instruction_sets(rounds: int = 7, layers: int = LAYERS) -> dict:
+    """ms per call of each build this CPU runs (native.build), interleaved by round, and each one's
+    time ÷ the first's (the best instruction set)."""
+    from zenedge.kernels import native
+
+    g = torch.Generator().manual_seed(0)
+    libs = {name: native.build(name) for name in native.runnable_isas() if name != "scalar"}
+    shapes = [shape for _ in range(layers) for shape in LAYER]
+    int4 = []
+    for rows, inputs in shapes:
+        q = torch.randint(0, 16, (rows, inputs), generator=g, dtype=torch.uint8)
+        scale, zero = (torch.rand(rows, inputs // 32, generator=g) * 0.01).bfloat16(), torch.zeros(rows, inputs // 32).bfloat16()
+        int4.append((rows, inputs, *native.int4_layout(q, scale, zero)))
+    signs = [(rows, inputs, torch.randint(0, 256, (rows, inputs // 8), generator=g, dtype=torch.uint8),
+              torch.rand(rows, generator=g)) for rows, inputs in shapes]
+    head_codes, head_scale = native.int8_layout(torch.randint(-127, 128, (49152, 576), generator=g, dtype=torch.int8),
+                                                (torch.rand(49152, 18, generator=g) * 0.01).half())
+
+    def int4_stream(lib, m):
+        xs = {k: torch.randn(m, k, generator=g) for _, k in LAYER}
+        ys = {n: torch.empty(m, n) for n, _ in LAYER}
+        return lambda: [lib.zenedge_int4_gemm(xs[k].data_ptr(), c.data_ptr(), s.data_ptr(), z.data_ptr(),
+                                              ys[n].data_ptr(), m, n, k) for n, k, c, s, z in int4]
+
+    def sign_stream(lib, m):
+        xs = {k: torch.randn(m, k, generator=g) for _, k in LAYER}
+        ys = {n: torch.zeros(m, n) for n, _ in LAYER}
+        return lambda: [lib.zenedge_sign_add(xs[k].data_ptr(), p.data_ptr(), a.data_ptr(), ys[n].data_ptr(), m, k, n,
+                                             k, n) for n, k, p, a in signs]
+
+    def head(lib):
+        x, y = torch.randn(1, 576, generator=g), torch.empty(1, 49152)
+        return lambda: lib.zenedge_int8_gemm(x.data_ptr(), head_codes.data_ptr(), head_scale.data_ptr(), y.data_ptr(),
+                                             1, 49152, 576)
+    cases = {**{f"int4, {layers} layers, {m} row(s)": lambda lib, m=m: int4_stream(lib, m) for m in (1, 4, 16)},
+             **{f"signs, {layers} layers, {m} row(s)": lambda lib, m=m: sign_stream(lib, m) for m in (1, 4, 16)},
+             "Q8_0 head, 1 row": head}
+    found = {}
+    for case, make in cases.items():
+        best = _best({name: make(lib) for name, lib in libs.items()}, rounds, 1)
+        first = next(iter(best.values()))
+        found[case] = {name: {"ms": t / 1e3, "÷ best": t / first} for name, t in best.items()}
+    return found
+
+
 def report(results: dict) -> str:
-    s = results["int4_streamed"]
-    lines = [f"CPU kernels, {results['date']}, 1 thread, best of {results['rounds']} (ratio = torch / zenedge time)",
-             f"int4, 30 layers streamed ({s['bytes'] / 1e6:.1f} MB): torch {s['torch int4 ms']:.2f} ms, "
-             f"zenedge {s['zenedge int4 ms']:.2f} ms, {s['ratio']:.2f}×"]
-    for rows, r in results["int4_rows"].items():
-        lines.append(f"int4 1536×576, {rows} row(s) of x: torch {r['torch µs']:.0f} µs, "
-                     f"zenedge {r['zenedge µs']:.0f} µs, {r['ratio']:.2f}×")
-    r = results["rms_norm_576"]
-    lines.append(f"RMSNorm, 576 wide: torch {r['torch µs']:.1f} µs, zenedge {r['zenedge µs']:.1f} µs, {r['ratio']:.2f}×")
-    for length, r in results["decode_attention"].items():
-        lines.append(f"attention, {length} positions: SDPA {r['sdpa µs']:.1f} µs, zenedge {r['zenedge µs']:.1f} µs, "
-                     f"{r['ratio']:.2f}×")
+    lines = [f"CPU kernels, {results.get('date', '')}, 1 thread"]
+    if "int4_streamed" in results:
+        s = results["int4_streamed"]
+        lines = [f"CPU kernels, {results['date']}, 1 thread, best of {results['rounds']} (ratio = torch / zenedge time)",
+                 f"int4, 30 layers streamed ({s['bytes'] / 1e6:.1f} MB): torch {s['torch int4 ms']:.2f} ms, "
+                 f"zenedge {s['zenedge int4 ms']:.2f} ms, {s['ratio']:.2f}×"]
+        for rows, r in results["int4_rows"].items():
+            lines.append(f"int4 1536×576, {rows} row(s) of x: torch {r['torch µs']:.0f} µs, "
+                         f"zenedge {r['zenedge µs']:.0f} µs, {r['ratio']:.2f}×")
+        r = results["rms_norm_576"]
+        lines.append(f"RMSNorm, 576 wide: torch {r['torch µs']:.1f} µs, zenedge {r['zenedge µs']:.1f} µs, {r['ratio']:.2f}×")
+        for length, r in results["decode_attention"].items():
+            lines.append(f"attention, {length} positions: SDPA {r['sdpa µs']:.1f} µs, zenedge {r['zenedge µs']:.1f} µs, "
+                         f"{r['ratio']:.2f}×")
+    for case, builds in results.get("instruction_sets", {}).items():
+        lines.append(f"{case}: " + ", ".join(f"{name} {r['ms']:.2f} ms ({r['÷ best']:.2f}×)" for name, r in builds.items()))
     return "\n".join(lines)
 
 
@@ -116,8 +168,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--isas", action="store_true", help="only compare the instruction sets' builds")
     args = parser.parse_args(argv)
-    results = run(args.rounds)
+    results = {"date": datetime.date.today().isoformat(), "threads": 1} if args.isas else run(args.rounds)
+    torch.set_num_threads(1)
+    results["instruction_sets"] = instruction_sets(min(args.rounds, 7))
     print(report(results))
     if args.json:
         with open(args.json, "w") as f:
