@@ -114,18 +114,20 @@ static const int SHIFT[4] = {0, 8, 4, 12};
 static const int ORDER[4] = {1, 0, 3, 2};   /* VDPBF16PS's order: a pair's odd input, then its even one */
 #if defined(ZENEDGE_AVX2)
 /* AVX2 makes the 16 rows' bf16 words 128 + q as AVX-512 does, with 16-bit operations on all 16 rows
-   at once, and widens them to fp32 by interleaving them with zero words. The interleave works
-   within 128-bit halves, so its lanes hold the rows 0-3, 8-11 (lo) and 4-7, 12-15 (hi): the scales
-   and zeros are widened the same way, and the rows are put back in order when stored. */
+   at once, and widens them to fp32 without a shuffle (Intel cores have one port for shuffles): the
+   even words shifted up, the odd ones masked in place. So the low vector holds the even rows and the
+   high one the odd rows; the scales and zeros are widened the same way, and the rows are put back
+   in order when stored. */
 #define ROWS_SHUFFLED 1
 INLINE v16 widen(__m256i words) {
-    const __m256i zero = _mm256_setzero_si256();
-    return (v16){_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, words)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, words))};
+    return (v16){_mm256_castsi256_ps(_mm256_slli_epi32(words, 16)),
+                 _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32((int)0xFFFF0000u)))};
 }
 INLINE v16 widen_bf16(const uint16_t *p) { return widen(_mm256_loadu_si256((const __m256i *)p)); }
 INLINE void store_rows(float *y, v16 a) {
-    _mm256_storeu_ps(y, _mm256_permute2f128_ps(a.lo, a.hi, 0x20));
-    _mm256_storeu_ps(y + 8, _mm256_permute2f128_ps(a.lo, a.hi, 0x31));
+    const __m256 low = _mm256_unpacklo_ps(a.lo, a.hi), high = _mm256_unpackhi_ps(a.lo, a.hi);   /* rows 0-3 | 8-11, 4-7 | 12-15 */
+    _mm256_storeu_ps(y, _mm256_permute2f128_ps(low, high, 0x20));
+    _mm256_storeu_ps(y + 8, _mm256_permute2f128_ps(low, high, 0x31));
 }
 INLINE v16 nibbles(const uint8_t *c, int t) {
     const __m256i w = _mm256_loadu_si256((const __m256i *)c), nibble = _mm256_set1_epi16(0xF);
