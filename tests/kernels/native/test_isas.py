@@ -100,7 +100,8 @@ def test_the_scalar_reference_agrees_with_torch(reference):
 
 def _in_process(code: str, isa: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "from zenedge.kernels import native\n" + code],
-                          env={**os.environ, "ZENEDGE_CPU_ISA": isa}, capture_output=True, text=True, timeout=300)
+                          env={**os.environ, "ZENEDGE_CPU_ISA": isa, "ZENEDGE_NATIVE_KERNELS": "1"},
+                          capture_output=True, text=True, timeout=300)
 
 
 def test_the_best_instruction_set_this_cpu_runs_is_chosen():
@@ -138,7 +139,8 @@ def test_an_instruction_set_this_cpu_cannot_run_is_a_one_line_error():
 def test_doctor_names_the_instruction_set(tmp_path):
     if "avx2" not in native.runnable_isas():
         pytest.skip("this CPU does not run avx2")
-    result = run_cli("doctor", "--json", env={"ZENEDGE_CPU_ISA": "avx2", "ZENEDGE_HOME": str(tmp_path / "home"),
+    result = run_cli("doctor", "--json", env={"ZENEDGE_CPU_ISA": "avx2", "ZENEDGE_NATIVE_KERNELS": "1",
+                                              "ZENEDGE_HOME": str(tmp_path / "home"),
                                               "ZENEDGE_CONFIG": str(tmp_path / "config.toml")})
     path = next(r for r in json.loads(result.stdout) if r["check"].startswith("decode path"))
     assert "native kernels on (avx2: ZENEDGE_CPU_ISA=avx2)" in path["detail"], path
