@@ -172,7 +172,8 @@ def cpu_features() -> frozenset[str]:
     try:
         probe = _open(_build("cpu-probe", (PROBE,), ()))
     except (OSError, subprocess.SubprocessError) as exc:
-        log.info("the CPU probe could not be built (%s)", str(exc).strip().splitlines()[-1:] or exc)
+        text = str(exc).strip()
+        log.info("the CPU probe could not be built (%s)", text.splitlines()[-1] if text else repr(exc))
         return frozenset()
     probe.zenedge_cpu_features.restype = ctypes.c_int64
     bits = probe.zenedge_cpu_features()

@@ -160,55 +160,39 @@ INLINE v16 widen_bf16(const uint16_t *p) { return v16_from_bf16(p); }
 INLINE void store_rows(float *y, v16 a) { v16_store(y, a); }
 #endif
 
-/* As the AVX-512 block, on NB blocks at once (1, or 2 for a single row of x: at one row the chains
-   of FMAs wait on each other, and a second block's rows give independent ones): per input pair,
-   acc += q·x of the odd input, then of the even one (the order VDPBF16PS adds in), the low and
-   the high nibbles in two chains. `stride`: bytes between the blocks' codes; `scales`: scales and
-   zeros between them. */
-INLINE void blocks(const uint8_t *codes, int64_t stride, const uint8_t *ahead, const uint16_t *scale,
-                   const uint16_t *zero, int64_t scales, const x_bf16 *xs, const float *sums, int64_t K, int64_t m0,
-                   float *y, int64_t N, int64_t n, const int NB, const int MC) {
-    const int64_t groups = K / 32;
-    v16 acc[2][MAX_TILE];
-    for (int j = 0; j < NB; j++)
-        for (int i = 0; i < MC; i++)
-            acc[j][i] = v16_zero();
-    for (int64_t g = 0; g < groups; g++) {
-        v16 dot[2][MAX_TILE], dot_b[2][MAX_TILE];
-        for (int j = 0; j < NB; j++)
-            for (int i = 0; i < MC; i++)
-                dot[j][i] = dot_b[j][i] = v16_zero();
-        for (int k = 0; k < 8; k++) {
-            for (int j = 0; j < NB; j++) {
-                if (!(k & 1))
-                    PREFETCH_L2(ahead + j * stride + g * 8 * 32 + k * 32);
-                const uint8_t *c = codes + j * stride + g * 8 * 32 + k * 32;
-                for (int o = 0; o < 4; o++) {      /* inputs 1 then 0 into dot, 3 then 2 into dot_b */
-                    const int t = ORDER[o];
-                    const v16 q = nibbles(c, t);
-                    for (int i = 0; i < MC; i++) {
-                        const v16 x = v16_set1(xs[(m0 + i) * K + g * 32 + 4 * k + t]);
-                        if (o < 2)
-                            dot[j][i] = v16_fma(q, x, dot[j][i]);
-                        else
-                            dot_b[j][i] = v16_fma(q, x, dot_b[j][i]);
-                    }
-                }
-            }
-        }
-        for (int j = 0; j < NB; j++)
-            end_group(acc[j], dot[j], dot_b[j], widen_bf16(scale + j * scales + g * ROWS),
-                      widen_bf16(zero + j * scales + g * ROWS), sums, groups, m0, g, MC);
-    }
-    for (int j = 0; j < NB; j++)
-        for (int i = 0; i < MC; i++)
-            store_rows(y + (m0 + i) * N + n + j * ROWS, acc[j][i]);
-}
-
+/* As the AVX-512 block: per input pair, acc += q·x of the odd input, then of the even one (the
+   order VDPBF16PS adds in), the low and the high nibbles in two chains. */
 INLINE void block(const uint8_t *codes, const uint8_t *ahead, const uint16_t *scale, const uint16_t *zero,
                   const x_bf16 *xs, const float *sums, int64_t K, int64_t m0, float *y, int64_t N, int64_t n,
                   const int MC) {
-    blocks(codes, 0, ahead, scale, zero, 0, xs, sums, K, m0, y, N, n, 1, MC);
+    const int64_t groups = K / 32;
+    v16 acc[MAX_TILE];
+    for (int i = 0; i < MC; i++)
+        acc[i] = v16_zero();
+    for (int64_t g = 0; g < groups; g++) {
+        v16 dot[MAX_TILE], dot_b[MAX_TILE];
+        for (int i = 0; i < MC; i++)
+            dot[i] = dot_b[i] = v16_zero();
+        for (int k = 0; k < 8; k++) {
+            if (!(k & 1))
+                PREFETCH_L2(ahead + g * 8 * 32 + k * 32);
+            const uint8_t *c = codes + g * 8 * 32 + k * 32;
+            for (int o = 0; o < 4; o++) {          /* inputs 1 then 0 into dot, 3 then 2 into dot_b */
+                const int t = ORDER[o];
+                const v16 q = nibbles(c, t);
+                for (int i = 0; i < MC; i++) {
+                    const v16 x = v16_set1(xs[(m0 + i) * K + g * 32 + 4 * k + t]);
+                    if (o < 2)
+                        dot[i] = v16_fma(q, x, dot[i]);
+                    else
+                        dot_b[i] = v16_fma(q, x, dot_b[i]);
+                }
+            }
+        }
+        end_group(acc, dot, dot_b, widen_bf16(scale + g * ROWS), widen_bf16(zero + g * ROWS), sums, groups, m0, g, MC);
+    }
+    for (int i = 0; i < MC; i++)
+        store_rows(y + (m0 + i) * N + n, acc[i]);
 }
 #endif
 
@@ -236,15 +220,6 @@ int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scal
         }
     for (int64_t b = 0; b < N / ROWS; b++) {
         const uint8_t *c = codes + b * block_bytes;
-#if !defined(ZENEDGE_AVX512)
-        if (M == 1 && b + 1 < N / ROWS) {   /* one row of x: two blocks at a time */
-            const uint8_t *ahead = b + 1 + BLOCKS_AHEAD < N / ROWS ? c + BLOCKS_AHEAD * block_bytes : c;
-            blocks(c, block_bytes, ahead, scale + b * block_scales, zero + b * block_scales, block_scales, xs, sums,
-                   K, 0, y, N, b * ROWS, 2, 1);
-            b++;
-            continue;
-        }
-#endif
         /* the blocks ahead, streamed into L2 while this one is used (the hardware prefetcher alone
            left a model's worth 1.3× slower, 2026-11-30); the last blocks prefetch themselves */
         const uint8_t *ahead = b + BLOCKS_AHEAD < N / ROWS ? c + BLOCKS_AHEAD * block_bytes : c;
