@@ -6,6 +6,9 @@
  * so it runs on any CPU of its architecture. Returns a bit per feature, in FEATURES' order there.
  */
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
@@ -25,7 +28,10 @@ int64_t zenedge_cpu_features(void) {
     found |= __builtin_cpu_supports("avx512bf16") ? AVX512BF16 : 0;
     found |= __builtin_cpu_supports("avx2") ? AVX2 : 0;
     found |= __builtin_cpu_supports("fma") ? FMA : 0;
-    found |= __builtin_cpu_supports("f16c") ? F16C : 0;
+    /* F16C from CPUID leaf 1 (ECX bit 29): clang 14 does not know "f16c" in __builtin_cpu_supports; it
+       needs the OS to save the AVX registers, which AVX2's answer above includes */
+    unsigned int eax, ebx, ecx, edx;
+    found |= (found & AVX2) && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) ? F16C : 0;
 #elif defined(__aarch64__)
     found |= NEON;   /* every ARM64 CPU has Advanced SIMD */
 #if defined(__linux__)

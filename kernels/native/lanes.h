@@ -133,9 +133,9 @@ INLINE __m256 scale_pow2_8(__m256 p, __m256 n) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 INLINE v16 v16_scale_pow2(v16 p, v16 n) { return (v16){scale_pow2_8(p.lo, n.lo), scale_pow2_8(p.hi, n.hi)}; }
-INLINE v16 v16_from_int8(const int8_t *p) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)p);
-    return (v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+INLINE v16 v16_from_int8(const int8_t *p) {   /* two 8-byte loads: each widening reads memory itself */
+    return (v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))),
+                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8))))};
 }
 INLINE v16 v16_from_half(const uint16_t *p) {
     return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};

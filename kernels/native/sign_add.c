@@ -25,9 +25,11 @@
 
 #define MAX_INPUTS 32768
 #if defined(ZENEDGE_AVX512)
-#define TILE 4             /* rows of S and of x per tile: 16 accumulators in registers */
+#define TILE_S 4           /* rows of S per tile */
+#define TILE 4             /* rows of x per tile: 16 accumulators in registers */
 #else
-#define TILE 2
+#define TILE_S 1           /* one row of S's lane masks (8 operations per 32 inputs) shared by 4 rows of x */
+#define TILE 4
 #endif
 
 #if defined(ZENEDGE_AVX512)
@@ -42,11 +44,11 @@ INLINE __m512bh signs_of(const uint8_t *bytes) {
                                              _mm512_set1_epi16(0x3F80));
 }
 
-/* The (S row, x row) sums of R rows of S (1 to TILE) against MC rows of x (1 to TILE) from x row m0 */
+/* The (S row, x row) sums of R rows of S (1 to TILE_S) against MC rows of x (1 to TILE) from x row m0 */
 INLINE void tile(const uint8_t *signs, int64_t row_bytes, int64_t groups, const x_group *xs, int64_t m0,
-                 v16 acc[TILE][TILE], const int R, const int MC) {
+                 v16 acc[TILE_S][TILE], const int R, const int MC) {
     for (int64_t g = 0; g < groups; g++) {
-        __m512bh s[TILE];
+        __m512bh s[TILE_S];
         for (int r = 0; r < R; r++)
             s[r] = signs_of(signs + r * row_bytes + g * 4);
         for (int i = 0; i < MC; i++) {
@@ -69,9 +71,9 @@ INLINE x_group x_group_of(const float *src) {
 }
 
 INLINE void tile(const uint8_t *signs, int64_t row_bytes, int64_t groups, const x_group *xs, int64_t m0,
-                 v16 acc[TILE][TILE], const int R, const int MC) {
+                 v16 acc[TILE_S][TILE], const int R, const int MC) {
     for (int64_t g = 0; g < groups; g++) {
-        v16 even[TILE], odd[TILE];   /* the sign bits to flip, per row of S */
+        v16 even[TILE_S], odd[TILE_S];   /* the sign bits to flip, per row of S */
         for (int r = 0; r < R; r++) {
             uint32_t bits;
             memcpy(&bits, signs + r * row_bytes + g * 4, 4);
@@ -89,7 +91,7 @@ INLINE void tile(const uint8_t *signs, int64_t row_bytes, int64_t groups, const 
 
 /* y[m, n] = α[n]·Σ + y[m, n] for each sum of a tile, one rounding (written out so that no compiler
    setting changes it) */
-INLINE void finish(const v16 acc[TILE][TILE], const float *alpha, float *y, int64_t ldy, int64_t m0, int64_t n,
+INLINE void finish(const v16 acc[TILE_S][TILE], const float *alpha, float *y, int64_t ldy, int64_t m0, int64_t n,
                    const int R, const int MC) {
     for (int r = 0; r < R; r++)
         for (int i = 0; i < MC; i++) {
@@ -102,15 +104,13 @@ INLINE void tiles(const uint8_t *s, int64_t row_bytes, int64_t groups, const x_g
                   float *y, int64_t ldy, int64_t M, int64_t n, const int R) {
     for (int64_t m0 = 0; m0 < M; m0 += TILE) {
         const int MC = M - m0 >= TILE ? TILE : (int)(M - m0);
-        v16 acc[TILE][TILE];
+        v16 acc[TILE_S][TILE];
         for (int r = 0; r < R; r++)
             for (int i = 0; i < TILE; i++)
                 acc[r][i] = v16_zero();
         switch (MC) {   /* MC constant in each call: unrolled, in registers */
-#if TILE == 4
         case 4: tile(s, row_bytes, groups, xs, m0, acc, R, 4); break;
         case 3: tile(s, row_bytes, groups, xs, m0, acc, R, 3); break;
-#endif
         case 2: tile(s, row_bytes, groups, xs, m0, acc, R, 2); break;
         default: tile(s, row_bytes, groups, xs, m0, acc, R, 1); break;
         }
@@ -130,8 +130,8 @@ int zenedge_sign_add(const float *x, const uint8_t *signs, const float *alpha, f
         for (int64_t g = 0; g < groups; g++)
             xs[m * groups + g] = x_group_of(x + m * ldx + g * 32);
     int64_t n = 0;
-    for (; n + TILE <= N; n += TILE)
-        tiles(signs + n * row_bytes, row_bytes, groups, xs, alpha, y, ldy, M, n, TILE);
+    for (; n + TILE_S <= N; n += TILE_S)
+        tiles(signs + n * row_bytes, row_bytes, groups, xs, alpha, y, ldy, M, n, TILE_S);
     for (; n < N; n++)
         tiles(signs + n * row_bytes, row_bytes, groups, xs, alpha, y, ldy, M, n, 1);
     free(xs);

@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from zenedge.api import wire
 from zenedge.errors import InvalidInput, ZenedgeError
+from zenedge.names import split_reference
 from zenedge.server import errors, ollama_models, ollama_routes, streaming
 from zenedge.pool.budget import set_budget as set_pool_budget
 from zenedge.server.background import Background, optional
@@ -97,6 +98,8 @@ def router(state: DaemonState, background: Background) -> APIRouter:
         ollama = body.model is not None
         name = ollama_routes.model_name(body.model) if ollama else body.name
         try:
+            # A bad name is a 400 now, not a line in a stream that first waited behind other pulls.
+            split_reference(name)
             pull_fn = optional("zenedge.registry.pull", "pull", "pulling from a registry")
             def job(progress) -> dict:
                 return pull_fn(state.store, state.cfg, name, progress=progress, engine=state.engine)

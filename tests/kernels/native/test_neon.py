@@ -1,4 +1,4 @@
-"""The ARM64 NEON build of the C kernels gives the scalar reference's bits (checked under qemu).
+"""The ARM64 NEON build of the C kernels, and clang's builds, give the scalar reference's bits (NEON under qemu).
 
 parity_driver.c runs every kernel on inputs it makes itself and prints the outputs' bits. It is
 built twice: for this machine with no instruction-set flags (the scalar reference), and for ARM64
@@ -50,3 +50,17 @@ def test_neon_gives_the_scalar_references_bits(tmp_path):
     assert neon.keys() == reference.keys()
     for name, bits in reference.items():
         assert neon[name] == bits, f"neon {name} differs from the scalar reference"
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="no clang (macOS builds the kernels with it)")
+@pytest.mark.skipif(native.paths.c_compiler() is None, reason="no C compiler")
+def test_clang_builds_give_the_scalar_references_bits(tmp_path):
+    """macOS compiles with clang: every build this CPU runs, and the CPU probe, compile with it, and
+    the kernels give the same bits as the default compiler's scalar build."""
+    reference = _outputs([str(_driver(native.paths.c_compiler(), tmp_path / "scalar"))])
+    for name in native.runnable_isas():
+        flags = native.ISA_FLAGS[name]
+        built = _outputs([str(_driver("clang", tmp_path / f"clang-{name}", *flags))])
+        assert built == reference, f"clang's {name} build differs from the scalar reference"
+    subprocess.run(["clang", *native.FLAGS, "-o", str(tmp_path / "probe.so"), str(native.PROBE)], check=True,
+                   capture_output=True, text=True, timeout=120)
