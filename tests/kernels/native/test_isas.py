@@ -86,7 +86,10 @@ def reference():
 def test_each_instruction_set_gives_the_scalar_references_bits(isa, reference):
     if isa not in native.runnable_isas():
         pytest.skip(f"this CPU does not run {isa}")
-    got = outputs(native.build(isa))
+    lib = native.build(isa)
+    failed = [name for name, test in native._SELF_TESTS.items() if not test(lib)]
+    assert not failed, f"{isa}: {failed} disagree with torch"
+    got = outputs(lib)
     for name, want in reference.items():
         assert torch.equal(got[name], want), f"{isa} {name}: max |Δ| {(got[name] - want).abs().max().item()}"
 
