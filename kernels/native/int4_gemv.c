@@ -32,8 +32,8 @@
  * when it could not allocate its scratch, -2 for a shape it does not take (nothing written then).
  *
  * That is the AVX-512 BF16 build. Elsewhere (AVX2, NEON, the scalar reference) the same sums are
- * made with fp32 FMAs on lanes.h's v16: a nibble becomes the fp32 128 + q by OR-ing it into
- * 0x43000000's mantissa, and since 128 + q times a bf16 x is exact in fp32, an FMA rounds once
+ * made with fp32 FMAs on lanes.h's v16: a nibble becomes the same bf16 word 0x4300 | q, widened to
+ * the fp32 128 + q, and since 128 + q times a bf16 x is exact in fp32, an FMA rounds once
  * where VDPBF16PS does (which adds its odd product, then its even one: measured on this CPU), so
  * every instruction set gives the same bits. Only `block` and the nibble unpacking differ.
  */
