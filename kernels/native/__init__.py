@@ -9,6 +9,7 @@
 - `decode_step.c`: a whole decode step of a Llama-family layer stack in one call, through the
   kernels above (runtime/lean_llama.py), its rows on any mix of variants, and SiLU(gate)·up;
 - `lanes.h`: the 16-lane fp32 vector they are all written in, once per instruction set, and e^x;
+- `kernels.h`: their C signatures (for decode_step.c, and the tests' C driver);
 - `cpu_features.c`: which instruction sets this CPU runs (built apart, with no such flags).
 
 Each is built for one instruction set: AVX-512 BF16, AVX2 + FMA + F16C (Intel Core, older AMD),
@@ -34,6 +35,7 @@ released while the kernel runs); the callers check shapes, since the kernels tru
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -54,7 +56,7 @@ log = logging.getLogger("zenedge.kernels")
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("int4_gemv.c", "int8_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c", "sign_add.c",
                  "decode_step.c"))
-HEADERS = (Path(__file__).with_name("lanes.h"),)
+HEADERS = (Path(__file__).with_name("lanes.h"), Path(__file__).with_name("kernels.h"))
 PROBE = Path(__file__).with_name("cpu_features.c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as the torch ops they stand for.
 FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC")
@@ -126,13 +128,7 @@ def library():
     """The loaded kernels (ctypes functions by their C names), or None where they are not
     available here (the reason is logged once). Raises ConfigError where ZENEDGE_CPU_ISA asks for
     an instruction set this CPU does not run."""
-    if not _loaded:
-        with _lock:
-            if not _loaded:
-                _loaded.append(_load())
-    if isinstance(_loaded[0], ConfigError):
-        raise _loaded[0]
-    return _loaded[0]
+    return _once(_loaded, _load)
 
 
 def off_reason() -> str | None:
@@ -149,13 +145,25 @@ def off_reason() -> str | None:
 def isa() -> tuple[str | None, str]:
     """(the instruction set the kernels are built for here, or None; why): e.g. ("avx2", "the CPU has
     avx2, fma, f16c; not avx512_bf16"). Raises ConfigError for a ZENEDGE_CPU_ISA this CPU cannot run."""
-    if not _chosen:
+    return _once(_chosen, _choose)
+
+
+def in_use() -> tuple[str | None, str]:
+    """(the instruction set of the loaded kernels, why it) or (None, why they are off): what
+    `doctor`, /api/ps and the benchmarks report."""
+    off = off_reason()
+    return (None, off) if off is not None else isa()
+
+
+def _once(slot: list, decide):
+    """slot[0], decided by `decide()` the first time any thread asks; a ConfigError decided is raised."""
+    if not slot:
         with _lock:
-            if not _chosen:
-                _chosen.append(_choose())
-    if isinstance(_chosen[0], ConfigError):
-        raise _chosen[0]
-    return _chosen[0]
+            if not slot:
+                slot.append(decide())
+    if isinstance(slot[0], ConfigError):
+        raise slot[0]
+    return slot[0]
 
 
 def runnable_isas() -> list[str]:
@@ -164,10 +172,11 @@ def runnable_isas() -> list[str]:
     return [name for name in (*PREFERENCE, "scalar") if all(f in features for f in ISA_NEEDS[name])]
 
 
+@functools.cache
 def cpu_features() -> frozenset[str]:
     """This CPU's features that the kernels' instruction sets need (cpu_features.c); empty where
     the probe cannot be built (no compiler)."""
-    if _compiler() is None:
+    if paths.c_compiler() is None:
         return frozenset()
     try:
         probe = _open(_build("cpu-probe", (PROBE,), ()))
@@ -386,7 +395,7 @@ def decode_step():
 
 def _load():
     reason = None if paths.native_kernels_enabled() else "ZENEDGE_NATIVE_KERNELS=0"
-    if reason is None and _compiler() is None:
+    if reason is None and paths.c_compiler() is None:
         reason = "no C compiler (set CC, or install gcc or clang)"
     if reason is None:
         try:
@@ -421,14 +430,10 @@ def build(name: str):
     return lib
 
 
-def _compiler() -> str | None:
-    return paths.c_compiler()
-
-
 def _build(stem: str, sources: tuple[Path, ...], flags: tuple[str, ...], headers: tuple[Path, ...] = ()) -> Path:
     """A shared library of `sources`, built once per machine: named by a hash of its sources,
     compiler and flags, written to a temporary name and renamed."""
-    compiler = _compiler()
+    compiler = paths.c_compiler()
     if compiler is None:
         raise OSError("no C compiler")
     command = (compiler, *FLAGS, *flags)

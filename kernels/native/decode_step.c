@@ -24,20 +24,10 @@
  * (positions + 1), length: the views' L. Returns 0; -1 when a scratch buffer could not be had; the
  * first non-zero status of a kernel it calls.
  */
+#include "kernels.h"
 #include "lanes.h"
 
 #define MAX_SLICES 3   /* LoRA or sign slices a variant adds to one product (q, k, v) */
-
-int zenedge_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t K, float eps);
-int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,
-                      float *y, int64_t M, int64_t N, int64_t K);
-int zenedge_lora_add(const float *x, const float *a, const float *bt, float *y, int64_t M, int64_t K,
-                     int64_t N, int64_t r, int64_t ldx, int64_t ldy, float scale);
-int zenedge_sign_add(const float *x, const uint8_t *signs, const float *alpha, float *y, int64_t M, int64_t K,
-                     int64_t N, int64_t ldx, int64_t ldy);
-int zenedge_decode_attention(const float *q, const float *keys, const float *values, const int64_t *lengths,
-                             float *out, int64_t B, int64_t H, int64_t H_kv, int64_t L, int64_t D,
-                             int64_t q_stride, int64_t batch_stride, int64_t head_stride, float scale);
 
 typedef struct {                 /* y[:, offset:offset + width] += scale·(x·Aᵀ)·Bᵀ */
     const float *a, *bt;         /* A [rank, inputs], Bᵀ [rank, width], contiguous */

@@ -54,8 +54,7 @@ INLINE float from_bf16(uint16_t word) {
 }
 
 #if defined(ZENEDGE_AVX512) /* ------------------------------------------------------------------ */
-typedef __m512 v16;
-#define V16_ISA "avx512"
+typedef __m512 v16;   /* (no v16_xor / v16_sign_mask: sign_add.c's AVX-512 tile uses VDPBF16PS) */
 INLINE v16 v16_zero(void) { return _mm512_setzero_ps(); }
 INLINE v16 v16_set1(float a) { return _mm512_set1_ps(a); }
 INLINE v16 v16_load(const float *p) { return _mm512_loadu_ps(p); }
@@ -70,7 +69,6 @@ INLINE v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
 INLINE v16 v16_div(v16 a, v16 b) { return _mm512_div_ps(a, b); }
 INLINE v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
 INLINE v16 v16_abs(v16 a) { return _mm512_abs_ps(a); }
-INLINE v16 v16_xor(v16 a, v16 b) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_castps_si512(b))); }
 INLINE v16 v16_where_negative(v16 x, v16 a) { return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ), a); }
 INLINE v16 v16_zero_below(v16 a, v16 x, float limit) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_NLT_UQ), a); }
 INLINE v16 v16_round(v16 a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -79,13 +77,6 @@ INLINE v16 v16_from_int8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvt
 INLINE v16 v16_from_half(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 INLINE v16 v16_from_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-/* 0x80000000 in lane l where bit 2l + odd of `bits` is clear (a -1 of a packed sign row) */
-INLINE v16 v16_sign_mask(uint32_t bits, int odd) {
-    const __m512i lane_bit = _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_add_epi32(
-        _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1), _mm512_set1_epi32(odd)));
-    const __mmask16 clear = _mm512_testn_epi32_mask(_mm512_set1_epi32((int)bits), lane_bit);
-    return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(clear, _mm512_set1_epi32((int)0x80000000u)));
 }
 /* lanes i + i+8, then i + i+4, i + i+2, i + i+1 */
 INLINE float v16_sum(v16 a) {
@@ -98,7 +89,6 @@ INLINE float v16_sum(v16 a) {
 
 #elif defined(ZENEDGE_AVX2) /* ------------------------------------------------------------------- */
 typedef struct { __m256 lo, hi; } v16;   /* lanes 0-7, 8-15 */
-#define V16_ISA "avx2"
 #define BOTH(op, a, b) ((v16){op((a).lo, (b).lo), op((a).hi, (b).hi)})
 INLINE v16 v16_zero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 INLINE v16 v16_set1(float a) { return (v16){_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
@@ -160,7 +150,6 @@ INLINE float v16_sum(v16 a) {
 
 #elif defined(ZENEDGE_NEON) /* ------------------------------------------------------------------- */
 typedef struct { float32x4_t q[4]; } v16;   /* lanes 0-3, 4-7, 8-11, 12-15 */
-#define V16_ISA "neon"
 INLINE v16 v16_zero(void) { const float32x4_t z = vdupq_n_f32(0.0f); return (v16){{z, z, z, z}}; }
 INLINE v16 v16_set1(float a) { const float32x4_t v = vdupq_n_f32(a); return (v16){{v, v, v, v}}; }
 INLINE v16 v16_load(const float *p) { return (v16){{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}}; }
@@ -236,7 +225,6 @@ INLINE float v16_sum(v16 a) {
 
 #else /* the scalar reference ---------------------------------------------------------------------- */
 typedef struct { float f[16]; } v16;
-#define V16_ISA "scalar"
 #define LANES(expr) do { for (int l = 0; l < 16; l++) { expr; } } while (0)
 INLINE v16 v16_zero(void) { v16 r; LANES(r.f[l] = 0.0f); return r; }
 INLINE v16 v16_set1(float a) { v16 r; LANES(r.f[l] = a); return r; }

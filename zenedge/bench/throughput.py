@@ -189,8 +189,7 @@ def machine() -> dict:
     from zenedge.kernels import native
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    off = native.off_reason()
-    isa, why = native.isa() if off is None else (None, off)
+    isa, why = native.in_use()
     return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__,
             "native_kernels": {"isa": isa, "why": why},
             "threads": threads.policy().report(single_step=True), "load_average_at_start": [round(x, 2) for x in load], "python": platform.python_version()}

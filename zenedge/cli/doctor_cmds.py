@@ -109,13 +109,14 @@ def _decode_paths(cfg, device, weights: str) -> list[tuple[str, str, str]]:
         found.append((f"decode path ({base['name']})", *_path_line(asdict(path), device.type)))
     if found:
         return found
-    detail, off = f"{weights} weights", None
+    detail, slow = f"{weights} weights", False
     if device.type == "cpu":
         from zenedge.kernels import native
 
-        off = native.off_reason()
-        detail += f", native kernels on ({_isa_text(*native.isa())})" if off is None else f", native kernels off ({off})"
-    return [("decode path", "ok" if off is None else "warn",
+        isa, why = native.in_use()
+        detail += f", native kernels on ({_isa_text(isa, why)})" if isa else f", native kernels off ({why})"
+        slow = isa is None
+    return [("decode path", "warn" if slow else "ok",
              detail + "; no base in the pool yet: its forward is decided by its model classes")]
 
 

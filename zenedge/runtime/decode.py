@@ -350,7 +350,7 @@ def decode_path(model, device: torch.device, weights: str, graphs: bool = True) 
         refused = "the dynamic stepper (an attention layout the static cache does not model) runs transformers' forward"
     else:
         refused = lean_llama.refusal(model)
-    off = native.off_reason() if device.type == "cpu" else f"the model is on {device.type}, not the CPU"
-    isa, why = native.isa() if off is None else (None, None)
-    return DecodePath(stepper, "transformers" if refused else "lean", weights, off is None, off, isa, why, refused,
-                      lean_llama.c_step_fallback(model))
+    isa, why = native.in_use() if device.type == "cpu" else (None, f"the model is on {device.type}, not the CPU")
+    on = isa is not None
+    return DecodePath(stepper, "transformers" if refused else "lean", weights, on, None if on else why,
+                      isa, why if on else None, refused, lean_llama.c_step_fallback(model))

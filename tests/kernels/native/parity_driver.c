@@ -8,21 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "lanes.h"
-
-int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero, float *y,
-                      int64_t M, int64_t N, int64_t K);
-int zenedge_int8_gemm(const float *x, const int8_t *codes, const uint16_t *scale, float *y, int64_t M, int64_t N,
-                      int64_t K);
-int zenedge_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t K, float eps);
-int zenedge_decode_attention(const float *q, const float *keys, const float *values, const int64_t *lengths,
-                             float *out, int64_t B, int64_t H, int64_t H_kv, int64_t L, int64_t D,
-                             int64_t q_stride, int64_t batch_stride, int64_t head_stride, float scale);
-int zenedge_lora_add(const float *x, const float *a, const float *bt, float *y, int64_t M, int64_t K, int64_t N,
-                     int64_t r, int64_t ldx, int64_t ldy, float scale);
-int zenedge_sign_add(const float *x, const uint8_t *signs, const float *alpha, float *y, int64_t M, int64_t K,
-                     int64_t N, int64_t ldx, int64_t ldy);
-int zenedge_silu_mul(const float *gu, float *out, int64_t M, int64_t I);
 
 static uint64_t state = 0x9E3779B97F4A7C15u;
 
