@@ -9,7 +9,12 @@ A.so and B.so are the libraries `zenedge.kernels.native` builds from two commits
 - int4-layout: A takes W in rows (kernels/native at 8f664f1), B in 16-row blocks (7b87fc5);
 - int4: both in 16-row blocks (one chain of dot products per row at a0fc554, two at 9851aae);
 - head-layout: the Q8_0 head, A in rows (7b87fc5), B in 16-row blocks (a0fc554);
-- head: both in 16-row blocks (a0fc554 against 9851aae).
+- head: both in 16-row blocks (a0fc554 against 9851aae);
+- signs: the packed 1-bit sign product, y += α ⊙ (S·x), on the same 30 layers' shapes.
+
+Issue [P] used int4, head and signs to compare the AVX-512 build before and after lanes.h
+(395efba against 5c4215a), and two AVX2 builds (5ba3f85 against 5c4215a: one row of sign masks for
+four rows of x; the head's codes from two 8-byte loads). "max |diff|" 0 means the same bits.
 
 int4: a SmolLM2-135M's worth of decoder shapes (30 layers), random, in 2 MB pages; head: 49152 × 576.
 The outputs are in benchmarks/2026-12-02-kernel-ab.txt.
@@ -63,6 +68,12 @@ def head_weights(blocks: bool):
     return [(*(native.int8_layout(codes, scale) if blocks else (codes, scale)), rows, inputs)]
 
 
+def sign_weights(blocks: bool):
+    torch.manual_seed(0)
+    return [(torch.randint(0, 256, (rows, inputs // 8), dtype=torch.uint8), torch.rand(rows) * 0.01, rows, inputs)
+            for rows, inputs in LAYERS]
+
+
 def timed(call, weights, rows_of_x, xs, ys) -> float:
     start = time.perf_counter()
     for (*tensors, rows, inputs), y in zip(weights, ys):
@@ -71,18 +82,21 @@ def timed(call, weights, rows_of_x, xs, ys) -> float:
 
 
 def main(mode: str, a_path: str, b_path: str) -> None:
-    head = mode.startswith("head")
-    name, pointers = ("zenedge_int8_gemm", 4) if head else ("zenedge_int4_gemm", 5)
+    head, signs = mode.startswith("head"), mode == "signs"
+    name, pointers = ("zenedge_int8_gemm", 4) if head else ("zenedge_sign_add", 4) if signs else ("zenedge_int4_gemm", 5)
     calls = []
     for path in (a_path, b_path):
         function = getattr(ctypes.CDLL(path), name)
-        function.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * 3
-        calls.append(function)
-    make = head_weights if head else int4_weights
+        function.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * (5 if signs else 3)
+        if signs:   # (x, signs, alpha, y, M, K, N, ldx, ldy), y zeroed: it adds into y
+            calls.append(lambda x, s, a, y, m, n, k, f=function: f(x, s, a, y, m, k, n, k, n))
+        else:
+            calls.append(function)
+    make = head_weights if head else sign_weights if signs else int4_weights
     weights = (make(not mode.endswith("layout")), make(True))
     for rows_of_x in (1, 2, 4, 8, 16):
         xs = {inputs: torch.randn(rows_of_x, inputs) for inputs in {w[-1] for w in weights[0]}}
-        ys = [[torch.empty(rows_of_x, w[-2]) for w in weights[0]] for _ in range(2)]
+        ys = [[torch.zeros(rows_of_x, w[-2]) for w in weights[0]] for _ in range(2)]
         times = ([], [])
         for _ in range(15):
             for side in (0, 1):
