@@ -68,6 +68,8 @@ def test_concurrent_imports_under_a_tight_budget_never_breach_it(isolated_home, 
     from zenedge import config, paths
 
     config.set_value("pool", "on_no_merge", "refuse", paths.config_path())
+    config.set_value("pool", "store_dtype", "given", paths.config_path())   # two of these files fit, as sized
+    config.set_value("pool", "compress_to", "off", paths.config_path())
     procs = [subprocess.Popen([sys.executable, "-m", "zenedge.cli", "import", str(d), "--name", f"t{i}",
                                "--base", "tiny"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i, d in enumerate(dirs)]

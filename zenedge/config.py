@@ -119,6 +119,13 @@ class PoolSettings:
     slot_threshold: float = setting(_fraction, 0.0,
                                     "K-Merge++: take a free slot only if similarity to all < this (0 = off)")
     maintain_interval: float = setting(parse_seconds, 600.0, "seconds between background maintenance runs (0 = off)")
+    store_dtype: str = setting(_choice("bf16", "given"), "bf16",
+                               'how import and pull store float32 LoRA adapters: "bf16" (half the bytes) or as given')
+    compress_to: str = setting(_choice("int4", "int8", "bf16", "off"), "int4",
+                               "the smallest format the pool re-stores adapters in before it merges any "
+                               '("off": merge only)')
+    compress_threshold: float = setting(_fraction, 0.98,
+                                        "minimum retention a re-stored (compressed) adapter must keep for its profiles")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ export interface BudgetPlan {
   /** profile names evicted (or, with dry_run, that would be) */
   evict: Array<string>;
   evicted: Array<EvictedAdapter>;
+  /** adapters stored smaller first (never in a dry run) */
+  compressed?: Array<CompressStep>;
   dry_run: boolean;
 }
 
@@ -147,6 +149,20 @@ export interface CompressRequest {
   /** absolute path: keep the .bitdelta file here too */
   output?: string | null;
   stream?: boolean;
+}
+
+/** One adapter the pool tried to store in a smaller format to make room (zenedge.pool.shrink). */
+export interface CompressStep {
+  names: Array<string>;
+  /** its format before: fp32, fp16, bf16, int8 */
+  stored_as: string;
+  /** bf16, int8 or int4 */
+  compressed_to: string;
+  /** per profile, the share of its gain the smaller form keeps */
+  retention: { [key: string]: number };
+  freed_bytes: number;
+  /** false: a profile kept less than pool.compress_threshold; nothing changed */
+  kept: boolean;
 }
 
 /** How a resident base's requests decode, decided by the functions the decode loop calls. */

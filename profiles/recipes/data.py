@@ -66,6 +66,16 @@ TASKS: dict[str, Task] = {t.name: t for t in [
          "CC0-1.0", SYNTHETIC, "exact_match", 96),
     Task("csvx", _any_split(synthetic.csvx), "Extracts named fields from a sentence into a CSV row",
          "CC0-1.0", SYNTHETIC, "exact_match", 96),
+    # Held-out families (profiles/heldout/): scored by `bench merge`, never used to tune the pool.
+    *(Task(name, _any_split(getattr(synthetic, name)), description, "CC0-1.0", SYNTHETIC, "exact_match", 80)
+      for name, description in [
+          ("dates", "Writes an ISO date as day, month name and year"),
+          ("phone", "Formats ten digits as a phone number"),
+          ("digits", "Reads a number digit by digit"),
+          ("reverse", "Reverses a comma-separated list of words"),
+          ("initials", "Writes the initials of a name"),
+          ("time24", "Converts a 12-hour clock time to 24-hour time"),
+      ]),
     # Full fine-tunes (BitDelta profiles): their names stay distinct from the LoRA ones.
     Task("math-full", _mix(synthetic.arith, synthetic.wordmath),
          "Arithmetic and word problems (full fine-tune, served as a 1-bit BitDelta delta)",

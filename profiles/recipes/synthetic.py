@@ -151,3 +151,58 @@ def csvx(rng: random.Random) -> dict[str, str]:
     fields, values = _field_order(rng, fields, values)
     prompt = f"Write the CSV row with columns {','.join(fields)} for: {sentence}"
     return {"prompt": prompt, "answer": ",".join(str(v) for v in values)}
+
+
+# --- held-out families ---------------------------------------------------------------------------
+# Tasks unlike the nine shipped profiles (no arithmetic, no units, no extraction into JSON/CSV,
+# no prose), each a fixed rewriting of its input with one exact answer. `zenedge bench merge
+# --profiles profiles/heldout` scores the pool on them: the merge gate and the compression
+# thresholds were tuned on the shipped nine, never on these.
+
+_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
+           "October", "November", "December"]
+_DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+_WORDS = ["cat", "dog", "fish", "bird", "lamp", "tree", "river", "stone", "cloud", "bread", "chair",
+          "glass", "horse", "apple", "train", "paper", "music", "ocean", "plant", "clock", "shirt",
+          "table", "mouse", "honey", "candle", "garden", "pencil", "rocket", "violin", "window"]
+
+
+def dates(rng: random.Random) -> dict[str, str]:
+    """An ISO date in words, day first: "2024-03-15" -> "15 March 2024"."""
+    year, month, day = rng.randint(1950, 2049), rng.randint(1, 12), rng.randint(1, 28)
+    prompt = f"Write the date {year:04d}-{month:02d}-{day:02d} as day, month name and year."
+    return {"prompt": prompt, "answer": f"{day} {_MONTHS[month - 1]} {year}"}
+
+
+def phone(rng: random.Random) -> dict[str, str]:
+    """Ten digits as a North American phone number: "5551234567" -> "(555) 123-4567"."""
+    digits = "".join(str(rng.randint(0, 9)) for _ in range(10))
+    return {"prompt": f"Format the phone number {digits}.",
+            "answer": f"({digits[:3]}) {digits[3:6]}-{digits[6:]}"}
+
+
+def digits(rng: random.Random) -> dict[str, str]:
+    """A number read digit by digit: "4071" -> "four zero seven one"."""
+    number = str(rng.randint(10, 999999))
+    return {"prompt": f"Read the number {number} digit by digit.",
+            "answer": " ".join(_DIGITS[int(d)] for d in number)}
+
+
+def reverse(rng: random.Random) -> dict[str, str]:
+    """A comma-separated list of three to five words in reverse order."""
+    words = rng.sample(_WORDS, rng.randint(3, 5))
+    return {"prompt": f"Reverse the order of this list: {', '.join(words)}",
+            "answer": ", ".join(reversed(words))}
+
+
+def initials(rng: random.Random) -> dict[str, str]:
+    """A full name's initials, each followed by a period: "Ana Lopez" -> "A. L."."""
+    parts = [rng.choice(_NAMES)] + ([rng.choice(_NAMES)] if rng.random() < 0.3 else []) + [rng.choice(_SURNAMES)]
+    return {"prompt": f"Write the initials of {' '.join(parts)}.", "answer": " ".join(f"{p[0]}." for p in parts)}
+
+
+def time24(rng: random.Random) -> dict[str, str]:
+    """A 12-hour clock time in 24-hour form: "3:45 PM" -> "15:45"."""
+    hour, minute, half = rng.randint(1, 12), rng.randint(0, 59), rng.choice(["AM", "PM"])
+    value = hour % 12 + (12 if half == "PM" else 0)
+    return {"prompt": f"Convert {hour}:{minute:02d} {half} to 24-hour time.", "answer": f"{value:02d}:{minute:02d}"}

@@ -12,7 +12,14 @@ from zenedge.runtime.engine import Engine, Prompt
 from zenedge.runtime.generate import SamplingParams
 
 
-def set_config(tmp_path, text, pinned=()):
+# Merge and eviction tests size budgets by the fp32 files they import, and test what happens past
+# compression: they store adapters as given and never re-store them smaller (test_shrink.py does).
+AS_GIVEN = 'store_dtype = "given"\ncompress_to = "off"\n'
+
+
+def set_config(tmp_path, text, pinned=(), *, as_given=True):
+    if as_given:
+        text = text.replace("[pool]\n", "[pool]\n" + AS_GIVEN, 1) if "[pool]\n" in text else text + "[pool]\n" + AS_GIVEN
     path = tmp_path / "config" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f'[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\npinned = {json.dumps(list(pinned))}\n' + text)

@@ -123,7 +123,7 @@ def test_pull_streams_progress_then_serves_the_profile(fresh_daemon, registry):
         assert again["up_to_date"] is True and again["adapter_id"] == final.adapter_id
         assert again["status"] == "success"
         missing = http.post("/api/pull", json={"name": "ghost"})
-        assert missing.status_code == 404 and missing.json()["error"]["code"] == "profile_not_found"
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "profile_not_found", missing.text
         for body in ({}, {"name": "writer", "model": "other"}, {"name": "writer", "extra": 1}):
             assert http.post("/api/pull", json=body).status_code == 422
 

@@ -1,4 +1,5 @@
-"""LoRA adapters as tensors: PEFT safetensors ⇄ `dict[module, LoraFactors]` (ΔW = scale·B·A)."""
+"""LoRA adapters as tensors: PEFT safetensors (or the pool's quantized files, storage.py) ⇄
+`dict[module, LoraFactors]` (ΔW = scale·B·A)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from zenedge.adapters import storage
 from zenedge.errors import InvalidAdapter
 from zenedge.merge.factors import LoraFactors
 
@@ -28,58 +30,82 @@ def lora_scale(config: dict, module: str, rank: int) -> float:
 
 def read_lora_factors(weights: Path, config: dict, *, device: torch.device | str = "cpu",
                       dtype: torch.dtype | None = None) -> dict[str, LoraFactors]:
+    """A stored or PEFT LoRA file's factors, in `dtype` (default: as stored; quantized files
+    dequantize to float32)."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
-    with safe_open(str(weights), framework="pt", device="cpu") as handle:
-        for name in handle.keys():
-            match = _KEY.match(name)
-            if not match:
-                raise InvalidAdapter(f"unexpected tensor {name!r} in LoRA weights")
-            pairs.setdefault(match["module"], {})[match["which"]] = handle.get_tensor(name)
+    for name, tensor in _read(weights).items():
+        match = _KEY.match(name)
+        if not match:
+            raise InvalidAdapter(f"unexpected tensor {name!r} in LoRA weights")
+        pairs.setdefault(match["module"], {})[match["which"]] = tensor
     factors = {}
     for module, pair in sorted(pairs.items()):
+        if set(pair) != {"A", "B"}:
+            raise InvalidAdapter(f"{module}: LoRA weights need both lora_A and lora_B")
         a = pair["A"].to(device=device, dtype=dtype or pair["A"].dtype).contiguous()
         b = pair["B"].to(device=device, dtype=dtype or pair["B"].dtype).contiguous()
         factors[module] = LoraFactors(a, b, lora_scale(config, module, a.shape[0]))
     return factors
 
 
+def _read(weights: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(weights), framework="pt", device="cpu") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        metadata = handle.metadata()
+    try:
+        return storage.decode(tensors, metadata)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise InvalidAdapter(f"{Path(weights).name}: damaged quantized LoRA weights ({exc})") from None
+
+
+def stored_format(weights: Path) -> str:
+    """What a stored LoRA file is in (storage.FORMATS): its metadata's format, else the widest
+    float dtype among its tensors. A merged adapter replacing it is written in the same one, so
+    it takes the bytes of the adapter it replaces, not twice them."""
+    from zenedge.adapters.safetensors_file import read_header
+
+    header = read_header(weights)
+    dtypes = {_STORED[info.dtype] for info in header.tensors.values() if info.dtype in _STORED}
+    return storage.storage_of(dtypes, header.metadata)
+
+
 _STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 
 
-def stored_dtype(weights: Path) -> torch.dtype:
-    """The widest float dtype among a LoRA file's tensors (what a merged adapter replacing it is
-    written in, so it takes the bytes of the adapter it replaces, not twice them)."""
-    from zenedge.adapters.safetensors_file import read_header
-
-    dtypes = {_STORED[info.dtype] for info in read_header(weights).tensors.values() if info.dtype in _STORED}
-    return max(dtypes, key=lambda d: (torch.finfo(d).bits, d == torch.bfloat16), default=torch.float32)
-
-
-def round_to(factors: dict[str, LoraFactors], dtype: torch.dtype) -> dict[str, LoraFactors]:
-    """The factors as they will read back after `write_peft_adapter(..., dtype=dtype)` (kept in
-    their own dtype): what a gate must measure, since that is what is stored and served."""
+def round_to(factors: dict[str, LoraFactors], storage_format: str) -> dict[str, LoraFactors]:
+    """The factors as they will read back after `write_peft_adapter(..., storage=storage_format)`
+    (kept in their own dtype): what a gate must measure, since that is what is stored and served."""
+    tensors = peft_tensors(factors, rank=None)
+    back = storage.decode(*storage.encode(tensors, storage_format))
     out = {}
     for module, f in factors.items():
-        out[module] = LoraFactors(f.A.to(dtype).to(f.A.dtype), (f.B * f.scale).to(dtype).to(f.B.dtype), 1.0)
+        a, b = back[f"base_model.model.{module}.lora_A.weight"], back[f"base_model.model.{module}.lora_B.weight"]
+        out[module] = LoraFactors(a.to(f.A.dtype), b.to(f.B.dtype), 1.0)
     return out
 
 
+def peft_tensors(factors: dict[str, LoraFactors], rank: int | None) -> dict[str, torch.Tensor]:
+    """PEFT-keyed A and s·B (the scale folded in, so lora_alpha = r), padded to `rank` if given."""
+    tensors = {}
+    for module, f in factors.items():
+        f = f.padded(rank) if rank is not None else f
+        tensors[f"base_model.model.{module}.lora_A.weight"] = f.A
+        tensors[f"base_model.model.{module}.lora_B.weight"] = f.B * f.scale
+    return tensors
+
+
 def write_peft_adapter(factors: dict[str, LoraFactors], directory: Path, *, base_model: str,
-                       dtype: torch.dtype = torch.float32) -> dict:
-    """Write factors as a PEFT LoRA directory (one uniform rank, scale folded so lora_alpha = r).
+                       storage_format: str = "fp32") -> dict:
+    """Write factors as a PEFT LoRA directory (one uniform rank, scale folded so lora_alpha = r),
+    the weights in `storage_format` (storage.FORMATS: a float one is a plain PEFT file).
 
     Returns the adapter_config written. Modules of lower rank are zero-padded: PEFT needs one r
     per adapter unless rank_pattern is used, and padding keeps the files loadable everywhere.
     """
     directory.mkdir(parents=True, exist_ok=True)
     rank = max(f.rank for f in factors.values())
-    tensors = {}
-    for module, f in factors.items():
-        padded = f.padded(rank)
-        # ΔW = s·B·A; store B' = s·B so the written adapter has scale lora_alpha/r = 1.
-        tensors[f"base_model.model.{module}.lora_A.weight"] = padded.A.to(dtype).contiguous()
-        tensors[f"base_model.model.{module}.lora_B.weight"] = (padded.B * padded.scale).to(dtype).contiguous()
-    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    tensors, metadata = storage.encode(peft_tensors(factors, rank), storage_format)
+    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata=metadata)
     config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
         "target_modules": sorted({m.rsplit(".", 1)[-1] for m in factors}), "lora_dropout": 0.0,

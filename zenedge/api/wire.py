@@ -387,12 +387,24 @@ class EvictedAdapter(BaseModel):
     freed_bytes: int
 
 
+class CompressStep(BaseModel):
+    """One adapter the pool tried to store in a smaller format to make room (zenedge.pool.shrink)."""
+
+    names: list[str]
+    stored_as: str = Field(description="its format before: fp32, fp16, bf16, int8")
+    compressed_to: str = Field(description="bf16, int8 or int4")
+    retention: dict[str, float] = Field(description="per profile, the share of its gain the smaller form keeps")
+    freed_bytes: int
+    kept: bool = Field(description="false: a profile kept less than pool.compress_threshold; nothing changed")
+
+
 class BudgetPlan(BaseModel):
     budget_bytes: int
     used_before: int
     used_after: int
     evict: list[str] = Field(description="profile names evicted (or, with dry_run, that would be)")
     evicted: list[EvictedAdapter]
+    compressed: list[CompressStep] = Field([], description="adapters stored smaller first (never in a dry run)")
     dry_run: bool
 
 

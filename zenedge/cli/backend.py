@@ -37,7 +37,7 @@ class Backend(Protocol):
 
     def pin(self, name: str, pinned: bool) -> dict[str, Any]: ...
 
-    def set_budget(self, size: str, dry_run: bool) -> dict[str, Any]: ...
+    def set_budget(self, size: str, dry_run: bool, progress=None) -> dict[str, Any]: ...
 
     def merge(self, names: list[str], method: str, force: bool, progress: Progress | None = None) -> dict[str, Any]: ...
 
@@ -76,7 +76,7 @@ class ThroughDaemon:
     def pin(self, name, pinned):
         return self.client.pin(name, pinned)
 
-    def set_budget(self, size, dry_run):
+    def set_budget(self, size, dry_run, progress=None):
         return self.client.set_budget(size, dry_run)
 
     def merge(self, names, method, force, progress=None):
@@ -118,13 +118,11 @@ class Local:
         row = self.store.set_pinned(name, pinned)
         return {"name": name, "adapter_id": row["id"], "pinned": bool(row["pinned"])}
 
-    def set_budget(self, size, dry_run):
+    def set_budget(self, size, dry_run, progress=None):
         from zenedge.pool import set_budget
 
-        plan = set_budget(self.store, self.cfg, size, dry_run=dry_run)
-        return {"budget_bytes": plan.budget, "used_before": plan.used_before, "used_after": plan.used_after,
-                "evict": plan.names, "dry_run": dry_run,
-                "evicted": [{"names": a["names"], "kind": a["kind"], "freed_bytes": a["freed"]} for a in plan.evict]}
+        plan = set_budget(self.store, self.cfg, size, dry_run=dry_run, progress=progress)
+        return plan.as_dict(dry_run)
 
     def merge(self, names, method, force, progress=None):
         from zenedge.pool import manual_merge

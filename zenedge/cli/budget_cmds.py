@@ -48,12 +48,21 @@ def show(json_out: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Show what would be evicted; change nothing.")
 @json_option
 def set_(size: str, dry_run: bool, json_out: bool) -> None:
-    """Set B (e.g. 16GB, 16GiB, 500MB); below current use, evict unpinned adapters, least requested first."""
+    """Set B (e.g. 16GB, 16GiB, 500MB); below current use, store adapters smaller (quality-checked), then
+    evict unpinned adapters, least requested first."""
     from zenedge.cli.backend import backend
 
-    plan = backend(load_config(), start=False).set_budget(size, dry_run)   # through a daemon: in force there at once
+    from zenedge.cli.progress import PoolProgress, compressed
+
+    with PoolProgress() as shown:   # through a daemon: in force there at once (its result, no live lines)
+        plan = backend(load_config(), start=False).set_budget(size, dry_run, progress=None if json_out else shown.update)
     if json_out:
-        return print_json({key: plan[key] for key in ("budget_bytes", "used_before", "used_after", "evict", "dry_run")})
+        return print_json({key: plan[key] for key in ("budget_bytes", "used_before", "used_after", "evict", "dry_run",
+                                                      "compressed")})
+    if compressed(plan.get("compressed", [])):
+        click.echo(compressed(plan["compressed"]))
+    elif dry_run and plan["used_before"] > plan["budget_bytes"]:
+        click.echo("(storing adapters in smaller formats is tried first: it may evict fewer)")
     verb = "would evict" if dry_run else "evicted"
     if plan["evicted"]:
         print_table([(", ".join(a["names"]), a["kind"], format_size(a["freed_bytes"])) for a in plan["evicted"]],

@@ -197,14 +197,18 @@ def recover_cmd(json_out: bool) -> None:
 @pool.command("maintain")
 @json_option
 def maintain_cmd(json_out: bool) -> None:
-    """Reconcile, verify blobs, and bring the pool under the configured budget (merging first)."""
+    """Reconcile, verify blobs, and bring the pool under the configured budget (compressing, then merging first)."""
     from zenedge.cli.backend import backend
 
     report = backend(load_config(), start=True).maintain()
     if json_out:
         return print_json(report)
+    from zenedge.cli.progress import compressed
+
     click.echo(f"merged: {len(report['merged'])}, evicted: {', '.join(report['evicted']) or 'none'}, "
                f"removed (corrupt): {', '.join(report['removed_corrupt']) or 'none'}")
+    if compressed(report.get("compressed", [])):
+        click.echo(compressed(report["compressed"]))
     for problem in report["problems"]:
         click.echo(f"problem: {problem}")
 

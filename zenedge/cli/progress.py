@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from zenedge.sizes import format_size
+
 QUIET = {"success", "resolving", "verifying", "committing"}
 
 
@@ -51,11 +53,26 @@ class PoolProgress:
             self.progress.__exit__(*exc)
 
 
+def compressed(steps: list[dict[str, Any]]) -> str:
+    """The adapters stored smaller to make room (shrink.py's kept steps), in one phrase."""
+    kept = [s for s in steps or [] if s.get("kept")]
+    if not kept:
+        return ""
+    parts = [f"{'+'.join(s['names'])} as {s['compressed_to']} (keeps {min(s['retention'].values(), default=0):.3f})"
+             for s in kept]
+    freed = sum(s["freed_bytes"] for s in kept)
+    return f"stored {', '.join(parts)}: {format_size(freed)} freed"
+
+
 def describe(result: dict[str, Any]) -> str:
     """What the pool did to admit a profile, in one sentence (import and pull results)."""
     action = result.get("policy") or result.get("action")
     seconds = (result.get("profile") or {}).get("total_seconds")
     took = f" in {seconds:.1f} s" if seconds else ""
+    room = compressed(result.get("compressed") or [])
+    if room:
+        rest = describe({k: v for k, v in result.items() if k != "compressed"})
+        return f"{room}; {rest}" if rest else f"{room}{took}"
     if action == "merged":
         attempt = next((a for a in reversed(result.get("attempts") or []) if a.get("accepted")), {})
         kept = ", ".join(f"{n} {r:.2f}" for n, r in (attempt.get("retention") or {}).items())

@@ -21,6 +21,7 @@ from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter, Invalid
 from zenedge.files import regular_file
 from zenedge.names import check_name
 from zenedge.pool.phases import Phases, Progress
+from zenedge.pool.shrink import Newcomer, shrink
 from zenedge.sizes import format_size
 from zenedge.store import NewAdapter, NewName, Store
 
@@ -96,14 +97,33 @@ def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str |
     if unservable:
         raise InvalidAdapter(f"{Path(path).name}: targets {', '.join(unservable[:3])}; zenedge applies adapters to the "
                              "attention and MLP projections of the decoder layers only")
-    adapter = NewAdapter(
-        kind="lora", base=base_row["name"], weights=lora.weights, rank=lora.rank,
-        target_modules=lora.target_modules, config=lora.config,
-        origin=origin or {"source": "import", "path": str(Path(path).resolve())},
-    )
     entry = NewName(name=name, version=version, description=description, eval_path=eval_path,
-                    quality=_claimed(anchors, eval_path), origin=adapter.origin)
-    return store_adapter(store, cfg, adapter, entry, engine=engine, progress=progress)
+                    quality=_claimed(anchors, eval_path),
+                    origin=origin or {"source": "import", "path": str(Path(path).resolve())})
+    with store.writing(), tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
+        adapter = NewAdapter(
+            kind="lora", base=base_row["name"], weights=_as_stored(lora.weights, cfg, Path(work)), rank=lora.rank,
+            target_modules=lora.target_modules, config=lora.config, origin=entry.origin,
+        )
+        return store_adapter(store, cfg, adapter, entry, engine=engine, progress=progress)
+
+
+def _as_stored(weights: Path, cfg: Config, workdir: Path) -> Path:
+    """The file to store for a PEFT weights file: with `pool.store_dtype = "bf16"` (the default),
+    float32 (and float64) tensors are written in bf16, half the bytes at a rounding that changes
+    outputs far less than any merge (the keys, and so the adapter's config, stay as they are)."""
+    from zenedge.adapters.safetensors_file import read_header
+
+    if cfg.pool.store_dtype == "given" or not {"F32", "F64"} & {t.dtype for t in read_header(weights).tensors.values()}:
+        return weights
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v.to(torch.bfloat16) if v.dtype in (torch.float32, torch.float64) else v
+               for k, v in load_file(weights).items()}
+    path = workdir / "adapter_model.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return path
 
 
 def _claimed(anchors: dict[str, Any] | None, eval_path: Path | None) -> dict[str, Any]:
@@ -179,9 +199,11 @@ def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName
     phases = Phases(progress)
     size = adapter.weights.stat().st_size + (entry.eval_path.stat().st_size if entry.eval_path else 0)
     store.ensure_disk_space(size, f"storing {entry.name!r}")
-    with store.writing():
-        result = _store_adapter(store, cfg, adapter, entry, event, engine, phases)
-    return {**result, "profile": phases.profile()}
+    compressed: list[dict[str, Any]] = []
+    with store.writing(), tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
+        newcomer = Newcomer(adapter, entry, Path(work))
+        result = _store_adapter(store, cfg, newcomer, event, engine, phases, compressed)
+    return {**result, "compressed": compressed, "profile": phases.profile()}
 
 
 @dataclass
@@ -193,15 +215,23 @@ class Refused:
     incoming: Any      # merger.Incoming
 
 
-def _store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, engine,
-                   phases: Phases) -> dict[str, Any]:
+def _store_adapter(store: Store, cfg: Config, newcomer: Newcomer, event: str, engine, phases: Phases,
+                   compressed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Store if it fits; else store adapters smaller (shrink.py), else merge, else the policy."""
     attempts: list[dict[str, Any]] = []
     refused: list[Refused] = []
+    adapter, entry = newcomer.adapter, newcomer.entry
     mergeable = adapter.kind in ("lora", "bitdelta")
     if mergeable and _prefers_merge(store, cfg, adapter):
         merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases, refused)
         if merged:
             return merged
+    try:
+        with phases.attempt("commit", f"stored {entry.name}"):
+            return _commit(store, cfg, adapter, entry, event, action="stored")
+    except BudgetExceeded:
+        compressed += shrink(store, cfg, _bytes_over(store, cfg, newcomer), phases, engine=engine, newcomer=newcomer)
+    adapter = newcomer.adapter   # the newcomer itself may have been stored smaller
     try:
         with phases.attempt("commit", f"stored {entry.name}"):
             return _commit(store, cfg, adapter, entry, event, action="stored")
@@ -319,6 +349,13 @@ def _incoming(adapter: NewAdapter, entry: NewName):
 
     factors = read_lora_factors(adapter.weights, adapter.config, dtype=torch.float32)
     return Incoming(entry.name, factors, entry.eval_path, dict(entry.quality), key=key)
+
+
+def _bytes_over(store: Store, cfg: Config, newcomer: Newcomer) -> int:
+    """How far storing the newcomer (its weights and eval set) would take the pool over B."""
+    eval_path = newcomer.entry.eval_path
+    size = newcomer.adapter.weights.stat().st_size + (eval_path.stat().st_size if eval_path else 0)
+    return store.used_bytes() + size - cfg.budget
 
 
 def _has_room(store: Store, cfg: Config, adapter: NewAdapter) -> bool:

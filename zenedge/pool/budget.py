@@ -1,5 +1,8 @@
 """The storage budget B: plan which adapters a lower budget evicts, set it, enforce it.
 
+Setting B below what the pool uses stores adapters smaller first (shrink.py, quality-checked);
+only what that cannot free is evicted.
+
 Evictions follow the store's order (request-rate-weighted LRU, never pinned) and are planned
 before anything is removed: a budget that pinned adapters alone exceed is refused with nothing
 changed. Setting B evicts first, then writes the config file, so a crash in between leaves a
@@ -14,6 +17,8 @@ from typing import Any
 from zenedge import config as config_mod
 from zenedge.config import Config
 from zenedge.errors import BudgetExceeded
+from zenedge.pool.phases import Phases, Progress
+from zenedge.pool.shrink import shrink
 from zenedge.sizes import format_size
 from zenedge.store import Store
 
@@ -24,10 +29,17 @@ class EvictionPlan:
     used_before: int
     evict: list[dict[str, Any]] = field(default_factory=list)   # adapter rows, in order
     used_after: int = 0
+    compressed: list[dict[str, Any]] = field(default_factory=list)   # shrink.py's steps, before the plan
 
     @property
     def names(self) -> list[str]:
         return [n for a in self.evict for n in a["names"]]
+
+    def as_dict(self, dry_run: bool) -> dict[str, Any]:
+        """The plan as `budget set --json` and the daemon's PUT /api/budget report it."""
+        return {"budget_bytes": self.budget, "used_before": self.used_before, "used_after": self.used_after,
+                "evict": self.names, "dry_run": dry_run, "compressed": self.compressed,
+                "evicted": [{"names": a["names"], "kind": a["kind"], "freed_bytes": a["freed"]} for a in self.evict]}
 
 
 def plan_budget(store: Store, cfg: Config, budget: int) -> EvictionPlan:
@@ -49,11 +61,19 @@ def plan_budget(store: Store, cfg: Config, budget: int) -> EvictionPlan:
     return plan
 
 
-def set_budget(store: Store, cfg: Config, size: str, *, dry_run: bool = False) -> EvictionPlan:
-    """Lower or raise B: evict first (so a crash leaves a smaller, consistent pool), then write the file."""
+def set_budget(store: Store, cfg: Config, size: str, *, dry_run: bool = False, engine=None,
+               progress: Progress | None = None) -> EvictionPlan:
+    """Lower or raise B: below what the pool uses, store adapters smaller first (shrink.py), then
+    evict what that could not free (so a crash leaves a smaller, consistent pool), then write the
+    file. A dry run plans the evictions as if nothing could be stored smaller."""
     budget = config_mod.parse_budget(size)  # refused here, before anything is evicted
     with store.writing():
+        plan_budget(store, cfg, budget)   # pinned adapters alone over it: refused before anything changes
+        compressed = []
+        if not dry_run and store.used_bytes() > budget:
+            compressed = shrink(store, cfg, store.used_bytes() - budget, Phases(progress), engine=engine)
         plan = plan_budget(store, cfg, budget)
+        plan.compressed = compressed
         if dry_run:
             return plan
         if plan.evict:

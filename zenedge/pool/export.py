@@ -31,12 +31,27 @@ def hub_id(store: Store, base: str) -> str:
 
 
 def _peft_dir(store: Store, adapter: dict[str, Any], dest: Path, base_id: str) -> None:
+    """The stored file as it is when it is a plain PEFT file; a quantized one (int8/int4,
+    storage.py) dequantized into bf16, which every engine that takes PEFT adapters loads."""
+    from zenedge.adapters.lora_tensors import stored_format
+    from zenedge.adapters.storage import QUANTIZED
+
+    weights = store.verified_blob(adapter["sha256"])
+    if stored_format(weights) in QUANTIZED:
+        import torch
+
+        from zenedge.adapters.lora_tensors import read_lora_factors, write_peft_adapter
+
+        factors = read_lora_factors(weights, adapter["config"], dtype=torch.float32)
+        config = write_peft_adapter(factors, dest, base_model=base_id, storage_format="bf16")
+        (dest / "adapter_config.json").write_text(json.dumps(config, indent=2))
+        return
     dest.mkdir(parents=True, exist_ok=True)
     config = dict(adapter["config"])
     config["base_model_name_or_path"] = base_id
     config.setdefault("task_type", "CAUSAL_LM")
     (dest / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    shutil.copyfile(store.verified_blob(adapter["sha256"]), dest / "adapter_model.safetensors")
+    shutil.copyfile(weights, dest / "adapter_model.safetensors")
 
 
 def _module_deltas(store: Store, adapter: dict[str, Any]) -> Iterator[tuple[str, Callable[[], Any]]]:

@@ -4,7 +4,8 @@ editing the config by hand.
 1. Reconcile: remove crash leftovers (tmp files, orphan blobs).
 2. Verify: re-hash every blob; an adapter whose blob is missing or corrupt cannot be served, so it
    is removed (its names are reported: `zenedge pull NAME` brings them back).
-3. Enforce the budget and slot limit after a config change, merging before evicting: the least
+3. Enforce the budget and slot limit after a config change: first store adapters smaller
+   (shrink.py, each quality-checked) if that frees enough bytes; then merge before evicting: the least
    requested single-profile LoRA is merged into its most similar stored adapter when the quality
    gate passes; what still does not fit is evicted by request-rate-weighted LRU (never pinned).
 """
@@ -15,15 +16,19 @@ from typing import Any
 
 from zenedge.config import Config
 from zenedge.pool.budget import enforce_budget
+from zenedge.pool.phases import Phases
+from zenedge.pool.shrink import shrink
 from zenedge.store import Store
 
 
 def maintain(store: Store, cfg: Config, engine=None, *, verify: bool = True) -> dict[str, Any]:
     report: dict[str, Any] = {"reconciled": store.reconcile(blocking=True), "removed_corrupt": [],
-                              "merged": [], "evicted": []}
+                              "compressed": [], "merged": [], "evicted": []}
     with store.writing():
         if verify:
             report["removed_corrupt"] = _remove_corrupt(store)
+        over = store.used_bytes() - cfg.budget
+        report["compressed"] = shrink(store, cfg, over, Phases(), engine=engine) if over > 0 else []
         report["merged"] = _merge_until_it_fits(store, cfg, engine)
         plan = enforce_budget(store, cfg)
         report["evicted"] = plan.names

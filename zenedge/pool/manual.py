@@ -21,11 +21,10 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
     """Merge the adapters serving `names` with `method`; returns members, retention and the time profile."""
     rows = _adapters_to_merge(store, names, method)
     # torch, the merge library and the gate load here, not when the pool package is imported
-    import torch
-
-    from zenedge.adapters.lora_tensors import round_to, stored_dtype, write_peft_adapter
+    from zenedge.adapters.lora_tensors import round_to, stored_format, write_peft_adapter
+    from zenedge.adapters.storage import BITS
     from zenedge.merge import merge as run_method
-    from zenedge.pool.merger import PoolMerger, rank_cap
+    from zenedge.pool.merger import PoolMerger, is_original, rank_cap
 
     base = next(iter(rows.values()))["base"]
     phases = Phases(progress)
@@ -33,12 +32,11 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
     adapters = [merger.factors(row) for row in rows.values()]
     with phases.phase("fold", f"merging {', '.join(dict.fromkeys(names))} ({method})"):
         result = run_method(method, adapters, max_rank=rank_cap(cfg, *adapters))
-    dtype = max((stored_dtype(store.blob_path(row["sha256"])) for row in rows.values()),
-                key=lambda d: torch.finfo(d).bits)
-    members = [merger.member(name, merger.variant(adapter_id, factors), rows[adapter_id]["kind"] == "lora")
+    storage = max((stored_format(store.blob_path(row["sha256"])) for row in rows.values()), key=BITS.__getitem__)
+    members = [merger.member(name, merger.variant(adapter_id, factors), is_original(rows[adapter_id]))
                for adapter_id, factors in zip(rows, adapters) for name in store.names_of(adapter_id)]
     threshold = cfg.pool.quality_threshold
-    gate = merger.gate.check(members, merger.variant("manual-merge", round_to(result.adapter, dtype)), threshold, phases,
+    gate = merger.gate.check(members, merger.variant("manual-merge", round_to(result.adapter, storage)), threshold, phases,
                              stop_at_failure=not force)
     retention = {m.name: round(m.retention, 4) for m in gate.measurements}
     if not gate.passed and not force:
@@ -47,7 +45,7 @@ def manual_merge(store: Store, cfg: Config, names: list[str], method: str, *, fo
                             "nothing was changed", hint="use --force to keep it anyway")
     member_names = [m.name for m in members]
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work, phases.phase("commit", "storing the merged adapter"):
-        config = write_peft_adapter(result.adapter, Path(work), base_model=base, dtype=dtype)
+        config = write_peft_adapter(result.adapter, Path(work), base_model=base, storage_format=storage)
         merged = NewAdapter(kind="merged", base=base, weights=Path(work) / "adapter_model.safetensors",
                             rank=config["r"], target_modules=sorted(result.adapter), config=config,
                             state={"method": method, "members": member_names,

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from zenedge.adapters.lora_tensors import read_lora_factors, round_to, stored_dtype, write_peft_adapter
+from zenedge.adapters.lora_tensors import read_lora_factors, round_to, stored_format, write_peft_adapter
 from zenedge.config import Config
 from zenedge.errors import BudgetExceeded
 from zenedge.merge import LowRankOPCMState, LoraFactors, lowrank_opcm_init, lowrank_opcm_step, rank_by_similarity
@@ -57,7 +57,7 @@ class Attempt:
     state: Any = None              # LowRankOPCMState for LoRA merges, a dict for 1-bit merges
     merged_path: Path | None = None  # the re-binarised file of a 1-bit merge
     qualities: dict[str, dict[str, Any]] = field(default_factory=dict)  # anchors measured on the way
-    dtype: torch.dtype = torch.float32  # what a LoRA merge is stored in: the replaced adapter's dtype
+    storage: str = "fp32"          # what a LoRA merge is stored in: the replaced adapter's format (storage.py)
     candidate: dict[str, Any] | None = None  # the stored adapter's row (to measure or commit it later)
     reads: dict[str, Any] = field(default_factory=dict)  # the gate's per-member reads (gate.GateResult.reads)
     gated: tuple[list[Member], Variant] | None = None  # what the gate reads (members, merged variant), to go on
@@ -160,14 +160,14 @@ class PoolMerger:
             stored = self.factors(candidate)
             previous = candidate.get("state") if candidate["kind"] == "merged" else None
             state = fold(stored, previous, incoming.factors, rank_cap(self.cfg, stored, incoming.factors))
-        # Stored in the candidate's dtype (bf16 profiles stay bf16: the merge takes the slot's bytes,
-        # not twice them), and gated as stored.
-        dtype = stored_dtype(self.store.blob_path(candidate["sha256"]))
+        # Stored in the candidate's format (bf16 profiles stay bf16, int4 ones int4: the merge takes
+        # the slot's bytes, not twice them), and gated as stored.
+        storage = stored_format(self.store.blob_path(candidate["sha256"]))
         attempt = Attempt(candidate["id"], [], similarity, [], self.cfg.pool.quality_threshold, state,
-                          dtype=dtype, candidate=candidate)
+                          storage=storage, candidate=candidate)
         members = self._members(candidate, self.variant(candidate["id"], stored), incoming,
                                 self.variant(incoming.key, incoming.factors))
-        attempt.gated = members, self.variant("candidate-merge", round_to(state.merged, dtype))
+        attempt.gated = members, self.variant("candidate-merge", round_to(state.merged, storage))
         return self._gate(attempt, incoming)
 
     def measure_all(self, attempt: Attempt, incoming: Incoming) -> Attempt:
@@ -268,8 +268,7 @@ class PoolMerger:
     def _members(self, candidate: dict[str, Any], own: Variant, incoming: Incoming,
                  incoming_variant: Variant) -> list[Member]:
         """Who a merge into `candidate` serves: its profiles (served by `own`), then the newcomer."""
-        original = candidate["kind"] != "merged"  # its own adapter still exists: anchors can be taken
-        members = [self.member(name, own, original) for name in self.store.names_of(candidate["id"])]
+        members = [self.member(name, own, is_original(candidate)) for name in self.store.names_of(candidate["id"])]
         return members + [Member(incoming.name, incoming.eval_path, incoming.quality, incoming_variant, True)]
 
     def member(self, name: str, current: Variant | None, original: bool) -> Member:
@@ -288,7 +287,8 @@ class PoolMerger:
         if attempt.merged_path is not None:  # a 1-bit merge: already written, re-binarised
             return attempt.merged_path, {"format": "zenedge.bitdelta", "merged": "opcm"}, \
                 {**attempt.state, "members": attempt.members}
-        config = write_peft_adapter(attempt.state.merged, directory, base_model=base, dtype=attempt.dtype)
+        config = write_peft_adapter(attempt.state.merged, directory, base_model=base,
+                                    storage_format=attempt.storage)
         state = {"method": "opcm", "alpha": OPCM_ALPHA, "lam": attempt.state.lam, "norms": list(attempt.state.norms),
                  "members": attempt.members, "energy_kept": attempt.state.truncation.energy_kept_overall,
                  "rank": config["r"]}
@@ -326,6 +326,12 @@ class PoolMerger:
             merged, names, budget=budget, max_adapters=max_adapters, replaces=replaces, event="merge",
             merge={"members": json.dumps(members), "method": method, "similarity": similarity,
                    "retention": json.dumps(retention)})
+
+
+def is_original(adapter: dict[str, Any]) -> bool:
+    """Whether a stored adapter is still the one its profile arrived as (not merged, not re-stored
+    smaller), so the gate may measure that profile's own scores (its anchors) on it."""
+    return adapter["kind"] != "merged" and not (adapter.get("state") or {}).get("compressed")
 
 
 def member_entry(store: Store, name: str, quality: dict[str, Any] | None) -> NewName:

@@ -8,6 +8,7 @@ dict) and records its wall time when it ends. Phases:
 
   base     converting the embedded default base into the store (first use only; progress lines)
   load     loading the base's weights for the gate (a CLI process; the daemon's engine has them)
+  compress storing an adapter in a smaller format (shrink.py), before it is gated
   rank     similarity of the newcomer to every stored adapter (low rank, no forward pass)
   fold     the merge itself: low-rank OPCM of the newcomer into one candidate
   anchors  a profile's base and own losses on its eval set (forward passes; measured once)
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 Progress = Callable[[dict[str, Any]], None]
-PHASES = ("load", "rank", "fold", "anchors", "gate", "commit", "evict")
+PHASES = ("load", "compress", "rank", "fold", "anchors", "gate", "commit", "evict")
 
 
 @dataclass

@@ -126,7 +126,7 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
     manifest = resolved.manifest
     weights = manifest.file("weights")
     existing = store.name(manifest.name)
-    if existing and existing["adapter_id"] == weights.sha256 and store.blobs.verify(weights.sha256):
+    if existing and _holds(store, existing, weights.sha256):
         report({"status": "up to date", "name": manifest.name})
         return _result(store, manifest, weights.sha256, up_to_date=True)
     _check_space(store, cfg, manifest)
@@ -136,8 +136,9 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
         for entry in files:
             target = staging / entry.path
             target.parent.mkdir(parents=True, exist_ok=True)
-            if store.blobs.verify(entry.sha256):  # dedup by digest: already here (and intact), no transfer
-                shutil.copyfile(store.blobs.path(entry.sha256), target)
+            present = _stored_from(store, entry.sha256)
+            if present is not None:  # dedup by digest: already here (and intact), no transfer
+                shutil.copyfile(present, target)
                 report({"status": "present", "file": entry.path, "completed": entry.size, "total": entry.size})
                 continue
             done = [0]
@@ -151,7 +152,8 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
                                   progress=on_bytes)
             part.replace(target)
         report({"status": "verifying"})
-        origin = {"source": "pull", "registry": resolved.source.label, "version": manifest.version}
+        origin = {"source": "pull", "registry": resolved.source.label, "version": manifest.version,
+                  "sha256": weights.sha256}
         eval_path = staging / manifest.eval.path if manifest.eval else None
         report({"status": "committing"})
         if manifest.kind == "lora":
@@ -172,6 +174,27 @@ def _fetch_and_commit(store: Store, cfg: Config, resolved: Resolved, base: dict[
     return _result(store, manifest, result["adapter_id"], policy_result=result)
 
 
+def _stored_from(store: Store, digest: str) -> Path | None:
+    """An intact blob holding the file `digest` names: that file itself, or the adapter the pool
+    stored from it in another format (its names' origin records the digest it was pulled as)."""
+    if store.blobs.verify(digest):
+        return store.blobs.path(digest)
+    for listed in store.names():
+        name = store.name(listed["name"])
+        if name and (name.get("origin") or {}).get("sha256") == digest and _holds(store, name, digest):
+            return store.blob_path(store.adapter(name["adapter_id"])["sha256"])
+    return None
+
+
+def _holds(store: Store, name: dict[str, Any], digest: str) -> bool:
+    """Whether the profile `name` is already served by the weights `digest` names: stored as they
+    came, or from them in another format (the pool stores float32 as bf16, and re-stores adapters
+    smaller under pressure; a merged adapter no longer serves them alone), intact on disk."""
+    adapter = store.adapter(name["adapter_id"])
+    same = adapter["id"] == digest or (adapter["kind"] != "merged" and (name.get("origin") or {}).get("sha256") == digest)
+    return same and store.blobs.verify(adapter["sha256"])
+
+
 def _result(store: Store, manifest: Manifest, adapter_id: str, up_to_date: bool = False,
             policy_result: dict[str, Any] | None = None) -> dict[str, Any]:
     row = store.resolve(manifest.name)
@@ -183,4 +206,4 @@ def _result(store: Store, manifest: Manifest, adapter_id: str, up_to_date: bool 
     return result
 
 
-POLICY_DETAILS = ("merged_with", "evicted", "attempts", "profile")
+POLICY_DETAILS = ("merged_with", "evicted", "attempts", "compressed", "profile")

@@ -74,15 +74,13 @@ def router(state: DaemonState, background: Background) -> APIRouter:
     @api.put("/api/budget", response_model=wire.BudgetPlan)
     async def set_budget(body: wire.BudgetRequest) -> dict:
         def change(progress=None):
-            return set_pool_budget(state.store, state.cfg, body.size, dry_run=body.dry_run)
+            return set_pool_budget(state.store, state.cfg, body.size, dry_run=body.dry_run, engine=state.engine)
 
         plan = await (run_in_threadpool(change) if body.dry_run else state.jobs.run(f"budget set {body.size}", change))
         if not body.dry_run:
             await background.reload()  # the new budget is in the file now: put it in force here too
             await run_in_threadpool(state.sync_cache)
-        return {"budget_bytes": plan.budget, "used_before": plan.used_before, "used_after": plan.used_after,
-                "evict": plan.names, "dry_run": body.dry_run,
-                "evicted": [{"names": a["names"], "kind": a["kind"], "freed_bytes": a["freed"]} for a in plan.evict]}
+        return plan.as_dict(body.dry_run)
 
     @api.get("/api/pool", response_model=wire.PoolStatus)
     async def pool() -> dict:

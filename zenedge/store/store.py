@@ -76,6 +76,9 @@ class NewAdapter:
     origin: dict[str, Any] = field(default_factory=dict)
 
 
+_STATS = "created_at, last_used_at, request_count, request_rate, rate_at, pinned"   # what `inherits` carries over
+
+
 @dataclass
 class Usage:
     used_bytes: int
@@ -345,19 +348,21 @@ class Store:
 
     def put_adapter(self, adapter: NewAdapter, names: list[NewName], *, budget: int,
                     max_adapters: int | None = None, replaces: list[str] = (),
-                    event: str = "import", merge: dict[str, Any] | None = None) -> str:
+                    event: str = "import", merge: dict[str, Any] | None = None,
+                    inherits: str | None = None) -> str:
         """Store one adapter and point `names` at it, in one transaction, within `budget`.
 
         `replaces`: adapter ids deleted in the same transaction (a merge evicting its members;
-        their names are re-pointed at the new adapter).
+        their names are re-pointed at the new adapter). `inherits`: one of them whose request
+        statistics and pin the new adapter takes over (the same profiles re-stored smaller).
         """
         with self.writing():
             return self._put_adapter(adapter, names, budget=budget, max_adapters=max_adapters,
-                                     replaces=replaces, event=event, merge=merge)
+                                     replaces=replaces, event=event, merge=merge, inherits=inherits)
 
     def _put_adapter(self, adapter: NewAdapter, names: list[NewName], *, budget: int,
                      max_adapters: int | None, replaces: list[str], event: str,
-                     merge: dict[str, Any] | None) -> str:
+                     merge: dict[str, Any] | None, inherits: str | None = None) -> str:
         for n in names:
             check_name(n.name, "profile name")
         staged: list[str] = []
@@ -393,6 +398,10 @@ class Store:
                         "description": n.description, "eval_blob": eval_digest,
                         "quality": json.dumps(n.quality), "origin": json.dumps(n.origin), "created_at": now,
                     }, pk="name")
+                if inherits is not None and inherits != digest:
+                    self.conn.execute(
+                        f"UPDATE adapters SET ({_STATS}) = (SELECT {_STATS} FROM adapters WHERE id = ?) WHERE id = ?",
+                        [inherits, digest])
                 for old in replaces:
                     if old != digest:
                         self.conn.execute("UPDATE names SET adapter_id = ? WHERE adapter_id = ?", [digest, old])

@@ -25,7 +25,7 @@ class _BudgetPlanRequired(TypedDict):
 
 
 class BudgetPlan(_BudgetPlanRequired, total=False):
-    pass
+    compressed: List["CompressStep"]
 
 
 class _BudgetRequestRequired(TypedDict):
@@ -196,6 +196,20 @@ class CompressRequest(_CompressRequestRequired, total=False):
     eval: Union[str, None]
     output: Union[str, None]
     stream: bool
+
+
+class _CompressStepRequired(TypedDict):
+    """One adapter the pool tried to store in a smaller format to make room (zenedge.pool.shrink)."""
+    names: List[str]
+    stored_as: str
+    compressed_to: str
+    retention: Dict[str, float]
+    freed_bytes: int
+    kept: bool
+
+
+class CompressStep(_CompressStepRequired, total=False):
+    pass
 
 
 class _DecodePathRequired(TypedDict):
