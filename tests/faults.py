@@ -40,7 +40,8 @@ from tests.store.crash_worker import HEAVY_OPS, LIGHT_OPS, kill_and_check, remov
 
 FULL = {"writer_kills": 35, "daemon_kills": 6, "streams": 32, "cli": None, "throttle": 64_000}
 # about how long each operation takes on the tiny pool (a kill lands within it; later is fine too)
-OP_SECONDS = {"import": 0.05, "rm": 0.01, "budget": 0.03, "gc": 0.01, "pull": 2.0, "maintain": 0.03, "merge": 1.5}
+OP_SECONDS = {"import": 0.05, "rm": 0.01, "budget": 0.03, "gc": 0.01, "pull": 2.0, "maintain": 0.03, "merge": 1.5,
+              "compress": 1.0}
 QUICK = {"writer_kills": 2, "daemon_kills": 1, "streams": 4, "cli": 4, "throttle": None}  # no pull is killed
 
 

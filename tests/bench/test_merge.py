@@ -37,6 +37,32 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
     assert result["integration_seconds"]["pool_size"] == 2 and result["integration_seconds"]["mean"] > 0
 
 
+def test_bench_merge_by_bytes_runs_merge_only_and_compress_first_rows(store, tmp_path, tiny_base_dir):
+    from zenedge import config
+    from zenedge.bench.merge import bf16_adapter_bytes, load_profiles
+
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\n')
+    resident = Engine(store, config.load(cfg_path)).resident("tiny")
+    root = tmp_path / "registry"
+    shapes = tiny_module_shapes(tiny_base_dir)
+    for i, name in enumerate("abc"):
+        write_lora_dir(root / name / "adapter", shapes, seed=i, scale=0.2)
+        (root / name / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"p{j}", "answer": "ab"}) + "\n"
+                                                        for j in range(10)))
+        (root / name / "recipe.json").write_text(json.dumps({"name": name, "metric": "loss"}))
+    result = bench(root, tiny_base_dir, resident, orders=1, budget_units=(2,), examples=6, gate_examples=4,
+                   thresholds=(0.7,), methods=("zenedge", "kmerge"), log=lambda *_: None)
+    assert [r["method"] for r in result["rows"]] == ["zenedge@0.7 merge-only", "zenedge@0.7 compress", "kmerge"]
+    unit = bf16_adapter_bytes(load_profiles(root, 6))
+    for row in result["rows"]:
+        assert row["budget_units"] == 2 and row["budget_bytes"] == 2 * unit and row["slots"] == 2
+    merge_only, compress = result["rows"][:2]
+    assert all(a["compressed"] == [] for a in merge_only["actions"])
+    assert all(a["used_bytes"] <= 2 * unit for row in (merge_only, compress) for a in row["actions"])
+    assert "B (bf16 adapters)" in table(result) and "adapters stored smaller" in table(result)
+
+
 def test_clipped_score_counts_a_loss_as_zero_and_caps_a_gain_at_one():
     from zenedge.bench.merge import clipped_mean
 

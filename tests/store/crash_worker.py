@@ -2,7 +2,7 @@
 
 The worker (`python -m tests.store.crash_worker HOME VARIANTS SEED OPS`) changes the pool in a
 loop: imports, removals, budget changes, gc, and optionally pulls (from the registry in its
-config), maintenance and merges. It prints `op <name>` before each operation, so the killer knows
+config), maintenance, merges and compression (a budget just under use). It prints `op <name>` before each operation, so the killer knows
 what it interrupted. Used by tests/store/test_crash_safety.py and the fault script (tests/faults.py).
 
 After each kill, `kill_and_check` asserts what "nothing lost" means:
@@ -26,8 +26,8 @@ from pathlib import Path
 from tests.conftest import REPO
 
 LIGHT_OPS = ("import", "rm", "budget", "gc")
-HEAVY_OPS = ("pull", "maintain", "merge")  # load torch first (merges, quality gate), pull needs a registry
-WEIGHTS = {"import": 5, "rm": 2, "budget": 2, "gc": 1, "pull": 4, "maintain": 2, "merge": 2}
+HEAVY_OPS = ("pull", "maintain", "merge", "compress")  # load torch first (the quality gate), pull needs a registry
+WEIGHTS = {"import": 5, "rm": 2, "budget": 2, "gc": 1, "pull": 4, "maintain": 2, "merge": 2, "compress": 2}
 NAMES = ["a", "b", "c", "d"]
 ALLOWED_BEFORE_RECONCILE = ("orphan blob", "leftover temporary file")
 
@@ -65,6 +65,10 @@ def worker(home: Path, variants: list[str], seed: int, ops: list[str]) -> None:
                 from zenedge.pool.maintain import maintain
 
                 maintain(store, cfg, verify=rng.random() < 0.5)
+            elif op == "compress":
+                # A budget just under what the pool uses: adapters are stored smaller first (each
+                # through the gate: a kill lands in the quantization, the gate or the commit), then evicted.
+                pool.set_budget(store, cfg, f"{max(20_000, int(store.used_bytes() * 0.9))}B")
             elif op == "merge":
                 from zenedge.pool import manual_merge
 

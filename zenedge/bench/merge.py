@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from zenedge.sizes import format_size
+
 METHODS = ("zenedge", "kmerge", "ties", "dare", "random")
 
 
@@ -199,7 +201,30 @@ def write_gate_slices(profiles: list[Profile], scored: int, gate_examples: int, 
         profile.gate_eval_path = path
 
 
-def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: float) -> tuple[dict, list[float], list]:
+@dataclass(frozen=True)
+class Limit:
+    """What a zenedge row's pool is held to: K slots (the budget roomy, compression off: K-Merge's
+    setting), or a byte budget of `units` bf16 r=8 adapters with no slot limit, merging only or
+    compressing first."""
+
+    slots: int | None = None
+    budget: int | None = None
+    units: int | None = None
+    compress: bool = False
+
+    @property
+    def pool_settings(self) -> str:
+        if self.budget is None:
+            return f'max_adapters = {self.slots}\ncompress_to = "off"\n'
+        return (f'max_adapters = 1000\nbudget = "{self.budget}B"\n'
+                f'compress_to = "{"int4" if self.compress else "off"}"\n')
+
+    @property
+    def label(self) -> str:
+        return "" if self.budget is None else (" compress" if self.compress else " merge-only")
+
+
+def run_zenedge(order: list[Profile], limit: Limit, base_dir: Path, threshold: float) -> tuple[dict, list[float], list]:
     """The real product: a fresh pool, the real admission, the real gate."""
     from zenedge import bases, config
     from zenedge.pool import import_lora
@@ -209,7 +234,7 @@ def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: flo
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cfg_path = tmp / "config.toml"
-        cfg_path.write_text(f'[pool]\nmax_adapters = {slots}\nquality_threshold = {threshold}\n'
+        cfg_path.write_text(f'[pool]\n{limit.pool_settings}quality_threshold = {threshold}\n'
                             '[runtime]\ndevice = "cpu"\ndtype = "float32"\n')
         cfg = config.load(cfg_path)
         store = Store(tmp / "home")
@@ -224,7 +249,8 @@ def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: flo
             times.append(time.perf_counter() - start)
             actions.append({"name": profile.name, "action": result.get("action"),
                             "merged_with": result.get("merged_with"), "evicted": result.get("evicted"),
-                            "attempts": result.get("attempts", [])})
+                            "attempts": result.get("attempts", []), "compressed": result.get("compressed", []),
+                            "used_bytes": store.used_bytes()})
         serving = {}
         for profile in order:
             row = store.name(profile.name)
@@ -237,14 +263,35 @@ def run_zenedge(order: list[Profile], slots: int, base_dir: Path, threshold: flo
         return serving, times, actions
 
 
+def bf16_adapter_bytes(profiles: list[Profile]) -> int:
+    """The size of one profile's adapter stored in bf16 (the unit of `--budget-bytes`): the largest
+    over the profiles, for r = 8 adapters of one base all the same."""
+    from zenedge.adapters.lora_tensors import write_peft_adapter
+
+    sizes = []
+    with tempfile.TemporaryDirectory() as work:
+        for profile in profiles:
+            write_peft_adapter(profile.factors, Path(work), base_model="x", storage_format="bf16")
+            sizes.append((Path(work) / "adapter_model.safetensors").stat().st_size)
+    return max(sizes)
+
+
+def limits(profiles: list[Profile], slot_counts, budget_units) -> list[list[Limit]]:
+    """Per slot count or budget: the zenedge rows' limits (the baselines get `slots` slots)."""
+    if not budget_units:
+        return [[Limit(slots=k)] for k in slot_counts]
+    unit = bf16_adapter_bytes(profiles)
+    return [[Limit(slots=n, budget=n * unit, units=n, compress=c) for c in (False, True)] for n in budget_units]
+
+
 def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot_counts=(2, 3, 4, 5),
-          examples: int = 32, thresholds=(0.7,), gate_examples: int = 32, methods=METHODS,
+          budget_units=None, examples: int = 32, thresholds=(0.7,), gate_examples: int = 32, methods=METHODS,
           log=print, first_order: int = 0) -> dict[str, Any]:
     profiles = load_profiles(profiles_dir, examples)
     with tempfile.TemporaryDirectory() as gate_dir:
         write_gate_slices(profiles, examples, gate_examples, Path(gate_dir))
-        rows = _rows(profiles, base_dir, resident, range(first_order, first_order + orders), slot_counts, examples,
-                     thresholds, methods, log)
+        rows = _rows(profiles, base_dir, resident, range(first_order, first_order + orders),
+                     limits(profiles, slot_counts, budget_units), examples, thresholds, methods, log)
     integration = integration_seconds(profiles)
     log(f"integration without the gate: {integration['mean']:.3f} s mean, {integration['max']:.3f} s max")
     return {"profiles": [{"name": p.name, "metric": p.metric, "base": p.base, "own": p.own} for p in profiles],
@@ -252,8 +299,8 @@ def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot
             "gate_examples": gate_examples}
 
 
-def _rows(profiles: list[Profile], base_dir: Path, resident, orders: range, slot_counts, examples: int, thresholds,
-          methods, log) -> list[dict[str, Any]]:
+def _rows(profiles: list[Profile], base_dir: Path, resident, orders: range, limit_sets: list[list[Limit]],
+          examples: int, thresholds, methods, log) -> list[dict[str, Any]]:
     """Every (order, K, method) row: the pool built by that method, each profile scored on it."""
     from zenedge.runtime.variants import lora_variant
 
@@ -267,12 +314,14 @@ def _rows(profiles: list[Profile], base_dir: Path, resident, orders: range, slot
     for order_index in orders:
         order = profiles[:]
         random.Random(1000 + order_index).shuffle(order)
-        for slots in slot_counts:
-            runs = [(f"zenedge@{t:g}", t) for t in thresholds] if "zenedge" in methods else []
-            runs += [(m, None) for m in methods if m != "zenedge"]
-            for label, threshold in runs:
+        for limit_set in limit_sets:
+            slots = limit_set[0].slots
+            runs = [(f"zenedge@{t:g}{limit.label}", t, limit) for t in thresholds for limit in limit_set] \
+                if "zenedge" in methods else []
+            runs += [(m, None, None) for m in methods if m != "zenedge"]
+            for label, threshold, limit in runs:
                 if threshold is not None:
-                    serving, times, actions = run_zenedge(order, slots, base_dir, threshold)
+                    serving, times, actions = run_zenedge(order, limit, base_dir, threshold)
                     served = {}
                     for p in profiles:
                         entry = serving[p.name]
@@ -284,7 +333,8 @@ def _rows(profiles: list[Profile], base_dir: Path, resident, orders: range, slot
                     served = {p.name: scorer.score(p, lora_variant("m", factors[p.name], resident),
                                                    content_key(factors[p.name])) for p in profiles}
                 scores = {p.name: normalised(p, served[p.name]) for p in profiles}
-                row = {"order": order_index, "slots": slots, "method": label,
+                row = {"order": order_index, "slots": slots, "budget_units": limit_set[0].units,
+                       "budget_bytes": limit_set[0].budget, "method": label,
                        "S": sum(scores.values()) / len(scores), "scores": scores, "served": served,
                        "seconds_per_arrival": sum(times) / len(times), "arrival_seconds": times,
                        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -306,8 +356,11 @@ def table(result: dict[str, Any]) -> str:
     def of(method: str, k: int | None = None) -> list[dict]:
         return [r for r in rows if r["method"] == method and (k is None or r["slots"] == k)]
 
+    by_bytes = any(r.get("budget_units") for r in rows)
+    limit = "B (bf16 adapters)" if by_bytes else "K"
+
     def grid(value) -> list[str]:
-        out = ["| K | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+        out = [f"| {limit} | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
         for k in slot_counts:
             cells = []
             for m in methods:
@@ -318,21 +371,28 @@ def table(result: dict[str, Any]) -> str:
 
     lines = ["S, each profile's score clipped to [0, 1]:", ""] + grid(lambda r: clipped_mean(r["scores"]))
     lines += ["", "S as defined (unclipped):", ""] + grid(lambda r: r["S"])
-    lines += ["", "| method | s per arrival (mean, all K) | median s per arrival that merged | peak RSS MB | "
-                  "arrivals: stored / merged / evicted |", "|---|---|---|---|---|"]
+    lines += ["", f"| method | s per arrival (mean, all {limit}) | median s per arrival that merged | "
+                  "median s per arrival that only compressed | peak RSS MB | arrivals: stored / merged / evicted | "
+                  "adapters stored smaller | bytes used at the end (mean) |", "|---|---|---|---|---|---|---|---|"]
     for m in methods:
-        actions = [a["action"] for r in of(m) for a in r["actions"]]
-        counts = " / ".join(str(actions.count(a)) for a in ("stored", "merged", "evicted")) if actions else "–"
-        merged = [t for r in of(m) for a, t in zip(r["actions"], r.get("arrival_seconds", []))
-                  if a["action"] == "merged"]
-        median = f"{statistics.median(merged):.2f}" if merged else "–"
-        lines.append(f"| {m} | {sum(r['seconds_per_arrival'] for r in of(m)) / len(of(m)):.2f} | {median} | "
-                     f"{max(r['peak_rss_mb'] for r in of(m)):.0f} | {counts} |")
+        actions = [a for r in of(m) for a in r["actions"]]
+        counts = " / ".join(str([a["action"] for a in actions].count(kind)) for kind in ("stored", "merged", "evicted")) \
+            if actions else "–"
+        timed = [(a, t) for r in of(m) for a, t in zip(r["actions"], r.get("arrival_seconds", []))]
+        merged = [t for a, t in timed if a["action"] == "merged"]
+        compressed = [t for a, t in timed if a["action"] == "stored" and any(c["kept"] for c in a.get("compressed", []))]
+        steps = sum(c["kept"] for a in actions for c in a.get("compressed", []))
+        used = [r["actions"][-1]["used_bytes"] for r in of(m) if r["actions"] and "used_bytes" in r["actions"][-1]]
+        median = lambda values: f"{statistics.median(values):.2f}" if values else "–"   # noqa: E731
+        lines.append(f"| {m} | {sum(r['seconds_per_arrival'] for r in of(m)) / len(of(m)):.2f} | {median(merged)} | "
+                     f"{median(compressed)} | {max(r['peak_rss_mb'] for r in of(m)):.0f} | {counts} | "
+                     f"{steps if actions else '–'} | {format_size(int(sum(used) / len(used))) if used else '–'} |")
     return "\n".join(lines)
 
 
-def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3, 4, 5), examples: int = 32,
-        thresholds=None, gate_examples: int = 32, methods=METHODS, log=print, first_order: int = 0) -> dict[str, Any]:
+def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3, 4, 5), budget_units=None,
+        examples: int = 32, thresholds=None, gate_examples: int = 32, methods=METHODS, log=print,
+        first_order: int = 0) -> dict[str, Any]:
     """The whole benchmark on the store's default base (converted on first use)."""
     from zenedge import bases, config, paths
     from zenedge.registry.sources import embedded_root
@@ -347,7 +407,7 @@ def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3,
     base = bases.ensure_base(store, bases.DEFAULT_BASE, progress=log)
     resident = Engine(store, cfg).resident(base["name"])
     return bench(profiles_dir or embedded_root(), store.home / base["dir"], resident, orders=orders,
-                 slot_counts=tuple(slot_counts), examples=examples,
+                 slot_counts=tuple(slot_counts), budget_units=budget_units, examples=examples,
                  thresholds=tuple(thresholds or (cfg.pool.quality_threshold,)),
                  gate_examples=gate_examples, methods=tuple(methods), log=log, first_order=first_order)
 

@@ -105,7 +105,9 @@ def dtypes(prompts: int, tokens: int, against: str, threads: int | None, base_di
         click.echo(f"  {label:>8}: " + "  ".join(f"{loss[name]:.4f}" for name in sets))
 
 
-def _int_list(ctx, param, value: str) -> tuple[int, ...]:
+def _int_list(ctx, param, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
     try:
         slots = tuple(int(part) for part in value.split(","))
     except ValueError:
@@ -135,6 +137,9 @@ def _fraction_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
               help="Index of the first arrival order; each index is one fixed shuffle, so "
                    "--orders 3 --first-order 3 adds orders 3-5 to a run of orders 0-2.")
 @click.option("--slots", default="2,3,4,5", show_default=True, callback=_int_list, help="Slot counts K.")
+@click.option("--budget-bytes", "budget_units", default=None, callback=_int_list,
+              help="Byte budgets instead of slot counts, in bf16 r=8 adapters (e.g. 2,3,4,5), the slot limit "
+                   "off: zenedge rows merge only, and compress then merge; the baselines get that many slots.")
 @click.option("--examples", type=click.IntRange(1, 1000), default=32, show_default=True,
               help="Eval examples scored per profile.")
 @click.option("--thresholds", default=None, callback=_fraction_list,
@@ -144,21 +149,35 @@ def _fraction_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--methods", default="zenedge,kmerge,ties,dare,random", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write every row as JSON here.")
 @json_option
-def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int, ...], examples: int,
-          thresholds: tuple[float, ...] | None, gate_examples: int, methods: str, out: Path | None,
-          json_out: bool) -> None:
+def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int, ...],
+          budget_units: tuple[int, ...] | None, examples: int, thresholds: tuple[float, ...] | None,
+          gate_examples: int, methods: str, out: Path | None, json_out: bool) -> None:
     """The K-Merge proof: every profile arrives in turn into K slots; normalised score S per method
     (zenedge = OPCM + quality gate, K-Merge as published, TIES, DARE, random slot)."""
     from zenedge.bench import merge as merge_bench
 
     try:
         result = merge_bench.run(profiles, orders=orders, first_order=first_order, slot_counts=slots,
-                                 examples=examples, thresholds=thresholds,
+                                 budget_units=budget_units, examples=examples, thresholds=thresholds,
                                  gate_examples=gate_examples,
                                  methods=[m.strip() for m in methods.split(",") if m.strip()], log=_progress)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     _report(result, out, json_out, merge_bench.table)
+
+
+@bench.command("storage")
+@click.option("--profiles", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="A registry folder with LoRA profiles and eval sets (default: the embedded one).")
+@click.option("--examples", type=click.IntRange(1, 1000), default=100, show_default=True,
+              help="Eval examples scored per profile.")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the result as JSON here.")
+@json_option
+def storage(profiles: Path | None, examples: int, out: Path | None, json_out: bool) -> None:
+    """What storing each profile in int8 and int4 keeps of its gain (answer loss, exact match), and the bytes."""
+    from zenedge.bench import storage as storage_bench
+
+    _report(storage_bench.run(profiles, examples=examples, log=_progress), out, json_out, storage_bench.table)
 
 
 @bench.command("pool")
