@@ -5,8 +5,8 @@ A fresh home and config; `zenedge pull FIRST` (which also converts the default b
 LoRA profile of the registry, one after another. Every command is a fresh `zenedge` process, as a
 person typing them runs them, with the thread policy's defaults (ZENEDGE_THREADS=`threads` where
 one is given). Each pull's `--json` result carries what the pool did and where its time went
-(phases.py); the report is wall time per pull, the median of the pulls that merged, and the whole
-scenario end to end. The mode says who does the pool's work:
+(phases.py); the report is wall time per pull, the medians of the pulls that merged and of those
+that only stored adapters smaller (shrink.py), and the whole scenario end to end. The mode says who does the pool's work:
 
 - "cli" (the default, as a user meets it): the first pull starts a background daemon
   (`server.keep_alive`) and every later pull goes through it; its start-up is in that pull's time.
@@ -90,10 +90,12 @@ def run(*, threads: int | None = None, first: str = "arith", mode: str = "cli",
         if mode == "cli":
             _zenedge(["stop"], env)  # the daemon the first pull started, before its home goes
     merged = [p["seconds"] for p in pulls if p["action"] == "merged"]
+    compressed = [p["seconds"] for p in pulls if p["action"] == "stored" and p["compressed"]]
     return {"threads": threads, "mode": mode, "daemon": daemon, "daemon_start_seconds": daemon_seconds,
             "budget_bytes": budget, "profiles": names, "process_seconds": seconds,
             "pulls": pulls, "total_seconds": total, "pulls_after_setup_seconds": total - setup_seconds,
             "merged_median_seconds": statistics.median(merged) if merged else None,
+            "compressed_median_seconds": statistics.median(compressed) if compressed else None,
             "pool": [{"name": r["name"], "served_by": r["served_by"], "kind": r["kind"]}
                      for r in json.loads(listed.stdout)]}
 
@@ -123,6 +125,8 @@ def _row(name: str, seconds: float, result: dict[str, Any], first_use: bool = Fa
     attempts = result.get("attempts") or []
     return {"name": name, "seconds": round(seconds, 2), "action": result.get("policy", "stored"),
             "merged_with": result.get("merged_with") or [], "evicted": result.get("evicted") or [],
+            "compressed": [f"{'+'.join(c['names'])} {c['compressed_to']}" for c in result.get("compressed") or []
+                           if c["kept"]],
             "candidates_gated": len(attempts),
             "examples_read": [sum(a.get("examples", {}).values()) for a in attempts],
             "pool_seconds": profile.get("total_seconds"), "by_phase": profile.get("by_phase", {}),
@@ -135,7 +139,8 @@ def table(result: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for p in result["pulls"]:
         what = p["action"] + (f" with {'+'.join(p['merged_with'])}" if p["merged_with"] else "") \
-            + (f", evicted {'+'.join(p['evicted'])}" if p["evicted"] else "")
+            + (f", evicted {'+'.join(p['evicted'])}" if p["evicted"] else "") \
+            + (f"; stored smaller: {', '.join(p['compressed'])}" if p.get("compressed") else "")
         phases = p["by_phase"]
         lines.append(f"| {p['name']}{' (base set-up)' if p['first_use'] else ''} | {p['seconds']:.1f} | "
                      f"{p['pool_seconds'] or 0:.1f} | {what} | {phases.get('load', 0):.1f} | "
@@ -147,6 +152,8 @@ def table(result: dict[str, Any]) -> str:
                   f"a bare `zenedge` process: {result['process_seconds']:.1f} s",
               f"- median wall time of a pull that merged: {median:.1f} s" if median is not None
               else "- no pull merged",
+              f"- median wall time of a pull that only stored adapters smaller: {result['compressed_median_seconds']:.1f} s"
+              if result.get("compressed_median_seconds") is not None else "- no pull only stored adapters smaller",
               f"- budget {result['budget_bytes']} B ({BUDGET_PROFILES} profiles), threads {result['threads'] or 'auto'}"
               f", background load: {load.describe(result.get('background_load', 0))}"]
     if result.get("mode") == "cli":
