@@ -231,7 +231,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _committed_profiles():
-    return sorted(p.parent for p in (REPO / "profiles").glob("*/recipe.json"))
+    """The shipped profiles and the held-out benchmark families (profiles/heldout/)."""
+    return sorted(p.parent for pattern in ("*/recipe.json", "heldout/*/recipe.json")
+                  for p in (REPO / "profiles").glob(pattern))
 
 
 @pytest.mark.slow

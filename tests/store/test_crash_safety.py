@@ -21,3 +21,21 @@ def test_sigkill_at_random_points_leaves_a_consistent_pool(tmp_path, tiny_base_d
                               lambda: config.load().budget, deep=False)
         assert kill.killed and kill.problems == [] and kill.lost == [], f"round {round_}: {kill}"
     assert store.events(1000), "the workers did real work"
+
+
+def test_sigkill_while_adapters_are_stored_smaller_leaves_one_form_or_the_other(tmp_path, tiny_base_dir,
+                                                                                   isolated_home):
+    """Compression (pool/shrink.py) under `budget set`: a kill in the quantization, the gate or the
+    commit leaves every profile served by its old adapter or its smaller one, never by neither."""
+    shapes = tiny_module_shapes(tiny_base_dir)
+    variants = [str(write_lora_dir(tmp_path / f"v{i}", shapes, rank=2 + i, seed=i, scale=0.3)) for i in range(4)]
+    store = Store(isolated_home)
+    bases.add_hf_dir(store, tiny_base_dir, "tiny")
+    rng = random.Random(99)
+    ops = []
+    for round_ in range(6):
+        kill = kill_and_check(isolated_home, variants, 500 + round_, rng.uniform(0.0, 1.0), ["compress", "import"],
+                              lambda: config.load().budget, deep=False, target="compress")
+        assert kill.killed and kill.problems == [] and kill.lost == [], f"round {round_}: {kill}"
+        ops.append(kill.op)
+    assert "compress" in ops

@@ -284,10 +284,15 @@ def limits(profiles: list[Profile], slot_counts, budget_units) -> list[list[Limi
     return [[Limit(slots=n, budget=n * unit, units=n, compress=c) for c in (False, True)] for n in budget_units]
 
 
-def bench(profiles_dir: Path, base_dir: Path, resident, *, orders: int = 3, slot_counts=(2, 3, 4, 5),
+def bench(profiles_dir: Path, base_dir: Path, resident, *, only=None, orders: int = 3, slot_counts=(2, 3, 4, 5),
           budget_units=None, examples: int = 32, thresholds=(0.7,), gate_examples: int = 32, methods=METHODS,
           log=print, first_order: int = 0) -> dict[str, Any]:
     profiles = load_profiles(profiles_dir, examples)
+    if only:
+        missing = set(only) - {p.name for p in profiles}
+        if missing:
+            raise ValueError(f"no LoRA profile named {', '.join(sorted(missing))} in {profiles_dir}")
+        profiles = [p for p in profiles if p.name in only]
     with tempfile.TemporaryDirectory() as gate_dir:
         write_gate_slices(profiles, examples, gate_examples, Path(gate_dir))
         rows = _rows(profiles, base_dir, resident, range(first_order, first_order + orders),
@@ -390,7 +395,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3, 4, 5), budget_units=None,
+def run(profiles_dir: Path | None = None, *, only=None, orders: int = 3, slot_counts=(2, 3, 4, 5), budget_units=None,
         examples: int = 32, thresholds=None, gate_examples: int = 32, methods=METHODS, log=print,
         first_order: int = 0) -> dict[str, Any]:
     """The whole benchmark on the store's default base (converted on first use)."""
@@ -406,7 +411,7 @@ def run(profiles_dir: Path | None = None, *, orders: int = 3, slot_counts=(2, 3,
     store = Store(paths.home())
     base = bases.ensure_base(store, bases.DEFAULT_BASE, progress=log)
     resident = Engine(store, cfg).resident(base["name"])
-    return bench(profiles_dir or embedded_root(), store.home / base["dir"], resident, orders=orders,
+    return bench(profiles_dir or embedded_root(), store.home / base["dir"], resident, only=only, orders=orders,
                  slot_counts=tuple(slot_counts), budget_units=budget_units, examples=examples,
                  thresholds=tuple(thresholds or (cfg.pool.quality_threshold,)),
                  gate_examples=gate_examples, methods=tuple(methods), log=log, first_order=first_order)

@@ -132,6 +132,7 @@ def _fraction_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
 @bench.command("merge")
 @click.option("--profiles", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="A registry folder with LoRA profiles and eval sets (default: the embedded one).")
+@click.option("--only", default=None, help="Comma-separated profile names to use (default: every LoRA profile).")
 @click.option("--orders", type=click.IntRange(1, 20), default=3, show_default=True, help="Random arrival orders.")
 @click.option("--first-order", type=click.IntRange(0, 1000), default=0, show_default=True,
               help="Index of the first arrival order; each index is one fixed shuffle, so "
@@ -149,7 +150,7 @@ def _fraction_list(ctx, param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--methods", default="zenedge,kmerge,ties,dare,random", show_default=True)
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write every row as JSON here.")
 @json_option
-def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int, ...],
+def merge(profiles: Path | None, only: str | None, orders: int, first_order: int, slots: tuple[int, ...],
           budget_units: tuple[int, ...] | None, examples: int, thresholds: tuple[float, ...] | None,
           gate_examples: int, methods: str, out: Path | None, json_out: bool) -> None:
     """The K-Merge proof: every profile arrives in turn into K slots; normalised score S per method
@@ -157,7 +158,8 @@ def merge(profiles: Path | None, orders: int, first_order: int, slots: tuple[int
     from zenedge.bench import merge as merge_bench
 
     try:
-        result = merge_bench.run(profiles, orders=orders, first_order=first_order, slot_counts=slots,
+        result = merge_bench.run(profiles, only=[n.strip() for n in only.split(",")] if only else None,
+                                 orders=orders, first_order=first_order, slot_counts=slots,
                                  budget_units=budget_units, examples=examples, thresholds=thresholds,
                                  gate_examples=gate_examples,
                                  methods=[m.strip() for m in methods.split(",") if m.strip()], log=_progress)
