@@ -50,7 +50,7 @@ class _Item:
     row: dict[str, Any] | None = None        # a stored adapter; None for the newcomer
     factors: dict | None = None
     refused: bool = False
-    lowest: dict[str, int] = field(default_factory=dict)   # format → file size
+    sizes: dict[str, int] = field(default_factory=dict)   # format → its exact file size in that format
 
 
 def shrink(store: Store, cfg: Config, need: int, phases: Phases, *, engine=None,
@@ -124,7 +124,7 @@ def _factors(item: _Item, store: Store, newcomer: Newcomer | None) -> dict:
 
 def _size(item: _Item, store: Store, storage: str, newcomer: Newcomer | None = None) -> int:
     """The exact file size of `item` in `storage` (the header included)."""
-    if storage not in item.lowest:
+    if storage not in item.sizes:
         from safetensors.torch import save
 
         from zenedge.adapters.lora_tensors import peft_tensors
@@ -132,8 +132,8 @@ def _size(item: _Item, store: Store, storage: str, newcomer: Newcomer | None = N
 
         factors = _factors(item, store, newcomer)
         tensors, metadata = encode(peft_tensors(factors, rank=max(f.rank for f in factors.values())), storage)
-        item.lowest[storage] = len(save(tensors, metadata=metadata))
-    return item.lowest[storage]
+        item.sizes[storage] = len(save(tensors, metadata=metadata))
+    return item.sizes[storage]
 
 
 def _step(store: Store, cfg: Config, merger, item: _Item, storage: str, newcomer: Newcomer | None) -> dict[str, Any]:
