@@ -134,12 +134,13 @@ def lora_factory(tmp_path, tiny_base_dir):
 
 @pytest.fixture
 def cfg(tmp_path):
-    """A config for the tiny model: CPU, fp32, full weights (the exact reference numerics)."""
+    """A config for the tiny model: CPU, fp32, full weights, adapters stored as given (the exact
+    reference numerics: the default stores float32 adapters as bf16)."""
     from zenedge import config
 
     path = tmp_path / "config" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\n')
+    path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\n[pool]\nstore_dtype = "given"\n')
     return config.load(path)
 
 

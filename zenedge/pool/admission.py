@@ -226,31 +226,41 @@ def _store_adapter(store: Store, cfg: Config, newcomer: Newcomer, event: str, en
         merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases, refused)
         if merged:
             return merged
+    stored, pressure = _store_if_room(store, cfg, adapter, entry, event, phases)
+    if stored is None:
+        steps = shrink(store, cfg, _bytes_over(store, cfg, newcomer), phases, engine=engine, newcomer=newcomer)
+        compressed += steps
+        if any(step["kept"] for step in steps):
+            adapter = newcomer.adapter   # the newcomer itself may have been stored smaller
+            stored, pressure = _store_if_room(store, cfg, adapter, entry, event, phases)
+    if stored is not None:
+        return stored
+    if mergeable and not attempts:
+        merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases, refused)
+        if merged:
+            return merged
+    if cfg.pool.on_no_merge == "refuse":
+        best = max(attempts, key=lambda a: min(a["retention"].values(), default=0), default=None)
+        detail = f"; best merge kept {best['retention']}" if best else "; nothing could be merged"
+        raise BudgetExceeded(f"{pressure.message}{detail}; nothing was changed (pool.on_no_merge = \"refuse\")",
+                             hint=pressure.hint or "raise the budget or remove a profile") from None
+    victims = _eviction_plan(store, cfg, adapter, entry, pressure)
+    if cfg.pool.on_no_merge == "least-loss" and refused:
+        merged = _least_loss_merge(store, cfg, adapter, entry, engine, refused, victims, attempts, phases)
+        if merged:
+            return merged
+    return _evict(store, cfg, adapter, entry, event, victims, attempts, phases)
+
+
+def _store_if_room(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str,
+                   phases: Phases) -> tuple[dict[str, Any] | None, BudgetExceeded | None]:
+    """Commit the newcomer as it is if the budget and the slot limit allow: (its result, None),
+    else (None, why not)."""
     try:
         with phases.attempt("commit", f"stored {entry.name}"):
-            return _commit(store, cfg, adapter, entry, event, action="stored")
-    except BudgetExceeded:
-        compressed += shrink(store, cfg, _bytes_over(store, cfg, newcomer), phases, engine=engine, newcomer=newcomer)
-    adapter = newcomer.adapter   # the newcomer itself may have been stored smaller
-    try:
-        with phases.attempt("commit", f"stored {entry.name}"):
-            return _commit(store, cfg, adapter, entry, event, action="stored")
+            return _commit(store, cfg, adapter, entry, event, action="stored"), None
     except BudgetExceeded as pressure:
-        if mergeable and not attempts:
-            merged = _merge_under_pressure(store, cfg, adapter, entry, engine, attempts, phases, refused)
-            if merged:
-                return merged
-        if cfg.pool.on_no_merge == "refuse":
-            best = max(attempts, key=lambda a: min(a["retention"].values(), default=0), default=None)
-            detail = f"; best merge kept {best['retention']}" if best else "; nothing could be merged"
-            raise BudgetExceeded(f"{pressure.message}{detail}; nothing was changed (pool.on_no_merge = \"refuse\")",
-                                 hint=pressure.hint or "raise the budget or remove a profile") from None
-        victims = _eviction_plan(store, cfg, adapter, entry, pressure)
-        if cfg.pool.on_no_merge == "least-loss" and refused:
-            merged = _least_loss_merge(store, cfg, adapter, entry, engine, refused, victims, attempts, phases)
-            if merged:
-                return merged
-        return _evict(store, cfg, adapter, entry, event, victims, attempts, phases)
+        return None, pressure
 
 
 def _commit(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, action: str,
