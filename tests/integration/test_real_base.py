@@ -47,14 +47,7 @@ def test_a_peft_lora_on_the_real_base_equals_peft(real_store, real_cfg, real_bas
     input_ids = torch.randint(10, 40000, (1, 24))
     with torch.inference_mode(), resident.state.using([engine.variant(route)]):
         ours = resident.model(input_ids=input_ids).logits
-    # The pool stores float32 adapters as bf16 (pool.store_dtype): PEFT gets the same rounded values.
-    from safetensors.torch import load_file, save_file
-
-    (tmp_path / "lora-bf16").mkdir()
-    (tmp_path / "lora-bf16" / "adapter_config.json").write_text((tmp_path / "lora" / "adapter_config.json").read_text())
-    save_file({k: v.to(torch.bfloat16).float() for k, v in load_file(tmp_path / "lora" / "adapter_model.safetensors").items()},
-              str(tmp_path / "lora-bf16" / "adapter_model.safetensors"))
-    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(real_base_dir), tmp_path / "lora-bf16").eval()
+    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(real_base_dir), tmp_path / "lora").eval()
     with torch.no_grad():
         expected = reference(input_ids=input_ids).logits
     assert (ours - expected).abs().max() < 1e-4
