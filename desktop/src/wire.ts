@@ -544,6 +544,8 @@ export interface PoolEntry {
   version: string;
   requests: number;
   last_used_at: number;
+  /** int8 or int4 where the pool re-stored it smaller to make room */
+  compressed_to?: string | null;
 }
 
 export interface PoolEvent {

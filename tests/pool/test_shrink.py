@@ -54,6 +54,7 @@ def test_under_pressure_adapters_are_stored_smaller_before_anything_is_merged(st
     format_of_beta, beta = stored(store, "beta")
     assert format_of_beta == "int8" and beta["state"]["compressed"]["to"] == "int8"
     assert beta["kind"] == "lora" and store.name("beta")["quality"]["per_example"]   # anchors stay with it
+    assert {row["name"]: row["compressed_to"] for row in store.names()}["beta"] == "int8"   # what `list` shows
     assert stored(store, "alpha")[1]["request_count"] == 5 or stored(store, "alpha")[0] == "bf16"
     assert store.used_bytes() <= cfg.budget and store.check(budget=cfg.budget) == []
     # The smaller adapter serves its profile.

@@ -269,6 +269,7 @@ class PoolEntry(BaseModel):
     version: str
     requests: int
     last_used_at: float
+    compressed_to: str | None = Field(None, description="int8 or int4 where the pool re-stored it smaller to make room")
 
 
 class PoolList(BaseModel):

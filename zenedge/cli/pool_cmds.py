@@ -29,7 +29,7 @@ def list_entries(store, cfg) -> list[dict]:
         "name": row["name"], "kind": row["kind"], "bytes": row["bytes"], "base": row["base"],
         "served_by": row["adapter_id"][:12], "shared_with": row["sharing"] - 1,
         "pinned": row["adapter_id"] in pinned, "version": row["version"], "requests": row["request_count"],
-        "last_used_at": row["last_used_at"],
+        "last_used_at": row["last_used_at"], "compressed_to": row["compressed_to"],
     } for row in store.names()]
 
 
@@ -43,7 +43,8 @@ def list_cmd(json_out: bool) -> None:
         return print_json(entries)
     now = time.time()
     print_table(
-        [(e["name"] + (" (pinned)" if e["pinned"] else ""), e["kind"], format_size(e["bytes"]),
+        [(e["name"] + (" (pinned)" if e["pinned"] else ""),
+          e["kind"] + (f" ({e['compressed_to']})" if e["compressed_to"] else ""), format_size(e["bytes"]),
           e["served_by"] + (f" (+{e['shared_with']})" if e["shared_with"] else ""), e["base"],
           ago(now - e["last_used_at"])) for e in entries],
         ["NAME", "KIND", "SIZE", "SERVED BY", "BASE", "USED"],

@@ -146,7 +146,7 @@ def _step(store: Store, cfg: Config, merger, item: _Item, storage: str, newcomer
     factors = _factors(item, store, newcomer)
     work = Path(tempfile.mkdtemp(dir=newcomer.workdir if item.row is None else store.blobs.tmp))
     try:
-        with phases.phase("compress", f"compressing {item.label}: {item.storage} → {storage}",
+        with phases.phase("compress", f"writing {item.label} as {storage} (from {item.storage})",
                           names=item.names, storage=storage):
             config = write_peft_adapter(factors, work, base_model=item.base, storage_format=storage)
             weights = work / "adapter_model.safetensors"

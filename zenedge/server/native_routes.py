@@ -262,6 +262,7 @@ def _entries(state: DaemonState) -> list[dict]:
         "name": row["name"], "kind": row["kind"], "bytes": row["bytes"], "base": row["base"],
         "served_by": row["adapter_id"][:12], "shared_with": row["sharing"] - 1, "pinned": row["adapter_id"] in pinned,
         "version": row["version"] or "", "requests": row["request_count"], "last_used_at": row["last_used_at"],
+        "compressed_to": row["compressed_to"],
     } for row in state.store.names()]
 
 

@@ -239,11 +239,12 @@ class Store:
         rows = self.conn.execute(
             """SELECT n.name, n.version, n.description, n.adapter_id, a.kind, a.bytes, a.base, a.rank,
                       a.pinned, a.request_count, a.last_used_at, a.created_at,
-                      (SELECT COUNT(*) FROM names m WHERE m.adapter_id = n.adapter_id) AS sharing
+                      (SELECT COUNT(*) FROM names m WHERE m.adapter_id = n.adapter_id) AS sharing,
+                      json_extract(a.state, '$.compressed.to') AS compressed_to
                FROM names n JOIN adapters a ON a.id = n.adapter_id ORDER BY n.name"""
         ).fetchall()
         keys = ["name", "version", "description", "adapter_id", "kind", "bytes", "base", "rank", "pinned",
-                "request_count", "last_used_at", "created_at", "sharing"]
+                "request_count", "last_used_at", "created_at", "sharing", "compressed_to"]
         return [dict(zip(keys, row)) for row in rows]
 
     def name(self, name: str) -> dict[str, Any] | None:

@@ -671,7 +671,7 @@ class _PoolEntryRequired(TypedDict):
 
 
 class PoolEntry(_PoolEntryRequired, total=False):
-    pass
+    compressed_to: Union[str, None]
 
 
 class _PoolEventRequired(TypedDict):
