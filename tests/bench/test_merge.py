@@ -7,7 +7,8 @@ from zenedge.bench.merge import METHODS, bench, table
 from zenedge.runtime.engine import Engine
 
 
-def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny_base_dir):
+def tiny_registry(store, tmp_path, tiny_base_dir, metrics):
+    """A registry folder of tiny LoRA profiles ({name: metric}) and the tiny base's resident model."""
     from zenedge import config
 
     cfg_path = tmp_path / "c.toml"
@@ -15,11 +16,16 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
     resident = Engine(store, config.load(cfg_path)).resident("tiny")
     root = tmp_path / "registry"
     shapes = tiny_module_shapes(tiny_base_dir)
-    for i, (name, metric) in enumerate([("a", "loss"), ("b", "exact_match"), ("c", "loss")]):
+    for i, (name, metric) in enumerate(metrics.items()):
         write_lora_dir(root / name / "adapter", shapes, seed=i, scale=0.2)
         (root / name / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"p{j}", "answer": "ab"}) + "\n"
                                                         for j in range(10)))
         (root / name / "recipe.json").write_text(json.dumps({"name": name, "metric": metric}))
+    return root, resident
+
+
+def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny_base_dir):
+    root, resident = tiny_registry(store, tmp_path, tiny_base_dir, {"a": "loss", "b": "exact_match", "c": "loss"})
     result = bench(root, tiny_base_dir, resident, orders=1, slot_counts=(2,), examples=6, gate_examples=4,
                    thresholds=(0.0, 0.7), methods=METHODS, log=lambda *_: None, first_order=4)
     assert {r["order"] for r in result["rows"]} == {4}   # orders 4.. extend a run of orders 0..3
@@ -38,19 +44,9 @@ def test_bench_merge_produces_a_row_per_order_k_and_method(store, tmp_path, tiny
 
 
 def test_bench_merge_by_bytes_runs_merge_only_and_compress_first_rows(store, tmp_path, tiny_base_dir):
-    from zenedge import config
     from zenedge.bench.merge import bf16_adapter_bytes, load_profiles
 
-    cfg_path = tmp_path / "c.toml"
-    cfg_path.write_text('[runtime]\ndevice = "cpu"\ndtype = "float32"\nweights = "full"\n')
-    resident = Engine(store, config.load(cfg_path)).resident("tiny")
-    root = tmp_path / "registry"
-    shapes = tiny_module_shapes(tiny_base_dir)
-    for i, name in enumerate("abc"):
-        write_lora_dir(root / name / "adapter", shapes, seed=i, scale=0.2)
-        (root / name / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"p{j}", "answer": "ab"}) + "\n"
-                                                        for j in range(10)))
-        (root / name / "recipe.json").write_text(json.dumps({"name": name, "metric": "loss"}))
+    root, resident = tiny_registry(store, tmp_path, tiny_base_dir, {"a": "loss", "b": "loss", "c": "loss"})
     result = bench(root, tiny_base_dir, resident, orders=1, budget_units=(2,), examples=6, gate_examples=4,
                    thresholds=(0.7,), methods=("zenedge", "kmerge"), log=lambda *_: None)
     assert [r["method"] for r in result["rows"]] == ["zenedge@0.7 merge-only", "zenedge@0.7 compress", "kmerge"]

@@ -116,13 +116,13 @@ def _as_stored(weights: Path, cfg: Config, workdir: Path) -> Path:
 
     if cfg.pool.store_dtype == "given" or not {"F32", "F64"} & {t.dtype for t in read_header(weights).tensors.values()}:
         return weights
-    import torch
     from safetensors.torch import load_file, save_file
 
-    tensors = {k: v.to(torch.bfloat16) if v.dtype in (torch.float32, torch.float64) else v
-               for k, v in load_file(weights).items()}
+    from zenedge.adapters.storage import encode
+
+    tensors, metadata = encode(load_file(weights), "bf16")
     path = workdir / "adapter_model.safetensors"
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    save_file(tensors, str(path), metadata=metadata)
     return path
 
 
