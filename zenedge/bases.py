@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from zenedge.adapters.safetensors_file import read_header
+from zenedge.digests import checkpoint_sha256, file_sha256
 from zenedge.errors import BaseNotFound, InvalidInput, Unavailable
 from zenedge.names import check_name
 from zenedge.store import Store
-from zenedge.store.blobs import sha256_of
 
 DEFAULT_BASE = "smollm2-135m"
 DEFAULT_BASE_ALIASES = ["HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2"]
@@ -44,16 +44,9 @@ def weights_files(directory: Path) -> list[Path]:
     return files
 
 
-file_sha256 = sha256_of
-
-
 def weights_sha256(directory: Path) -> str:
-    """The base's identity: sha256 of its weights file (of the shard digests if sharded)."""
-    files = weights_files(directory)
-    if len(files) == 1:
-        return file_sha256(files[0])
-    listing = "".join(f"{p.name} {file_sha256(p)}\n" for p in files)
-    return hashlib.sha256(listing.encode()).hexdigest()
+    """The identity of a base directory's weights (digests.checkpoint_sha256)."""
+    return checkpoint_sha256(weights_files(directory))
 
 
 def linear_modules(directory: Path) -> dict[str, list[int]]:
@@ -162,21 +155,27 @@ def default_base_gguf() -> Path:
     return path
 
 
-def ensure_base(store: Store, name: str = DEFAULT_BASE,
+def ensure_base(store: Store, name: str | None = None,
                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The base row for `name`, converting the embedded default base into the store on first use."""
+    """The base row for `name` or one of its aliases (default: the embedded default base, which is
+    converted into the store on first use, reporting progress). The one way every command finds
+    its base."""
+    name = name or DEFAULT_BASE
     row = store.base(name) or find_base(store, name)
     if row is not None:
         return row
     if name != DEFAULT_BASE:
-        known = ", ".join(b["name"] for b in store.bases()) or "none"
-        raise BaseNotFound(f"no base named {name!r} (registered: {known})", hint="add one with `zenedge base add PATH`")
+        known = ", ".join(b["name"] for b in store.bases()) or "none yet"
+        raise BaseNotFound(f"base {name!r} is not registered (registered: {known})",
+                           hint="register it with `zenedge base add PATH --name NAME`")
     gguf = default_base_gguf()
     # Single-flight across processes: whoever holds the writer lock converts, the others wait
     # and then find the row.
     with store.writing(timeout=900):
         row = store.base(name)
         if row is None:
+            if progress:
+                progress(f"setting up the base {DEFAULT_BASE} (first use, about 30 s)")
             row = add_gguf(store, gguf, DEFAULT_BASE, aliases=DEFAULT_BASE_ALIASES, progress=progress)
         return row
 

@@ -226,3 +226,28 @@ def test_import_refuses_an_unusable_eval_set(store, tmp_path, make_profile, cont
     with pytest.raises(InvalidInput, match=message):
         pool.import_lora(store, set_config(tmp_path, ""), a_dir, "alpha", base="tiny", eval_path=bad)
     assert store.names() == []
+
+
+def test_a_bitdelta_of_a_sharded_base_names_the_identity_the_store_records(isolated_home, cfg, tmp_path):
+    """One identity for a base: a .bitdelta compressed without an explicit base digest records the
+    digest the store keeps for the same (sharded) checkpoint, so import accepts it."""
+    from tests.bitdelta.conftest import fine_tune, save_checkpoint, tiny_model
+    from zenedge import bases
+    from zenedge.bitdelta.compressor import compress_model
+    from zenedge.bitdelta.fileformat import load_bitdelta
+    from zenedge.store import Store
+
+    import torch
+
+    base = tiny_model()
+    tuned = fine_tune(base)
+    with torch.no_grad():  # projections only: the pool serves deltas of the projections
+        tuned.model.layers[1].post_attention_layernorm.weight.copy_(base.model.layers[1].post_attention_layernorm.weight)
+    base_dir = save_checkpoint(base, tmp_path / "base", shards=2)
+    tuned_dir = save_checkpoint(tuned, tmp_path / "tuned", shards=2)
+    store = Store(isolated_home)
+    row = bases.add_hf_dir(store, base_dir, "sharded")
+    report = compress_model(base_dir, tuned_dir, tmp_path / "tuned.bitdelta")
+    assert load_bitdelta(report.out_path).base_sha256 == row["weights_sha256"] == bases.weights_sha256(base_dir)
+    result = pool.import_bitdelta(store, cfg, report.out_path, "tuned", base="sharded")
+    assert result["action"] == "stored" and store.resolve("tuned")["kind"] == "bitdelta"

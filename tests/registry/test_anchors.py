@@ -13,7 +13,7 @@ from zenedge.errors import RegistryError
 from zenedge.pool.gate import VERIFY_EXAMPLES
 from zenedge.pool.publish import measure_registry_anchors
 from zenedge.registry.builder import build_registry
-from zenedge.registry.pull import pull
+from zenedge.pool.pull import pull
 
 
 def published(store, tmp_path, registry_dir):

@@ -9,7 +9,8 @@ from tests.conftest import run_cli
 from tests.registry.server import serve_registry
 from zenedge import config
 from zenedge.errors import BudgetExceeded, DigestMismatch, ProfileNotFound, RegistryError
-from zenedge.registry.pull import pull, search
+from zenedge.pool.pull import pull
+from zenedge.registry.resolve import search
 from zenedge.store import Store
 
 

@@ -41,7 +41,7 @@ def worker(home: Path, variants: list[str], seed: int, ops: list[str]) -> None:
     store = Store(home)
     if set(ops) & set(HEAVY_OPS):
         from zenedge.pool import maintain, merger  # noqa: F401  (torch and the gate loaded before "ready")
-        from zenedge.registry import pull  # noqa: F401
+        from zenedge.pool import pull  # noqa: F401
     print("ready", flush=True)
     weights = [WEIGHTS[op] for op in ops]
     while True:
@@ -58,7 +58,7 @@ def worker(home: Path, variants: list[str], seed: int, ops: list[str]) -> None:
             elif op == "gc":
                 store.reconcile()
             elif op == "pull":
-                from zenedge.registry.pull import pull
+                from zenedge.pool.pull import pull
 
                 pull(store, cfg, rng.choice(["writer", "coder", "writer-copy"]))
             elif op == "maintain":

@@ -17,7 +17,7 @@ _EXPORTS = {
     "packed_width": "packing",
     "BitDeltaFile": "fileformat", "load_bitdelta": "fileformat", "save_bitdelta": "fileformat",
     "FORMAT_VERSION": "fileformat",
-    "compress_model": "compressor", "CompressionReport": "compressor", "checkpoint_sha256": "compressor",
+    "compress_model": "compressor", "CompressionReport": "compressor",
     "distill_scales": "distill", "DistillResult": "distill", "apply_bitdelta": "distill", "with_alphas": "distill",
     "build_calibration_batches": "calibration", "stdlib_texts": "calibration",
     "BitDeltaError": "errors", "BitDeltaFormatError": "errors", "CheckpointMismatch": "errors",

@@ -8,7 +8,6 @@ through ``safetensors.safe_open``, one tensor at a time, so peak memory is about
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -19,12 +18,13 @@ from typing import Callable
 import torch
 from safetensors import safe_open
 
+from zenedge.digests import checkpoint_sha256
+
 from .errors import CheckpointMismatch
 from .fileformat import FORMAT_NAME, FORMAT_VERSION, SafetensorsStreamWriter, module_entry
 from .packing import compress, unpack_signs
 
 _PROJECTION = re.compile(r"(^|\.)layers\.\d+\..+\.weight$")
-_HASH_CHUNK = 1 << 24
 
 ProgressFn = Callable[[int, int, str], None]          # (done, total, tensor name)
 
@@ -79,19 +79,6 @@ class _Checkpoint:
         self._handles.clear()
 
 
-def checkpoint_sha256(directory: str | os.PathLike) -> str:
-    """sha256 of model.safetensors; for sharded checkpoints, of the shards concatenated in name order."""
-    directory = Path(directory)
-    single = directory / "model.safetensors"
-    files = [single] if single.exists() else sorted(directory.glob("*.safetensors"))
-    digest = hashlib.sha256()
-    for file in files:
-        with open(file, "rb") as f:
-            while chunk := f.read(_HASH_CHUNK):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _relative_error(delta: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor) -> float:
     norm = float(delta.norm())
     if norm == 0.0:
@@ -137,7 +124,7 @@ def compress_model(base_dir: str | os.PathLike, finetuned_dir: str | os.PathLike
         metadata = {
             "format": FORMAT_NAME,
             "format_version": str(FORMAT_VERSION),
-            "base_sha256": base_sha256 or checkpoint_sha256(base_dir),
+            "base_sha256": base_sha256 or checkpoint_sha256(base.files),
             "modules": json.dumps(modules),
             "extra": json.dumps(extras),
             "source_dtype": ",".join(sorted(source_dtypes)),

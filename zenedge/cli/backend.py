@@ -102,7 +102,7 @@ class Local:
         self.store = open_store()
 
     def pull(self, reference, progress=None):
-        from zenedge.registry.pull import pull
+        from zenedge.pool.pull import pull
 
         return pull(self.store, self.cfg, reference, progress=progress)
 

@@ -1,6 +1,6 @@
 """What the pool is doing, shown to a person: a bar per downloaded file (bytes, speed, ETA) and a
 line per pool phase (ranking, merging into X, checking quality of members, evicting Y), then one
-sentence saying what happened. Events are the dicts `registry.pull` and `zenedge.pool` report
+sentence saying what happened. Events are the dicts `pool.pull` and `zenedge.pool` report
 (pool/phases.py); `--json` prints them as they are instead."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from zenedge.sizes import format_size
 @json_option
 def search(text: str, json_out: bool) -> None:
     """Profiles the registries offer (name, kind, size, description)."""
-    from zenedge.registry.pull import search as do_search
+    from zenedge.registry.resolve import search as do_search
 
     rows = do_search(load_config(), text)
     if json_out:

@@ -41,7 +41,7 @@ def run(name: str, prompt: str, max_tokens: int, temperature: float, top_p: floa
                             stop=tuple(stop))
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     request = Prompt(text=prompt) if raw else Prompt(messages=messages)
-    engine = Engine(open_store(), cfg, progress=lambda m: click.echo(f"setting up the base: {m}…", err=True))
+    engine = Engine(open_store(), cfg, progress=lambda m: click.echo(f"{m}…", err=True))
     if json_out:
         result = engine.complete(name, request, params)
         return print_json({"model": result.model, "text": result.text, "prompt_tokens": result.prompt_tokens,

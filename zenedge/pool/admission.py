@@ -1,5 +1,6 @@
 """Admission: what enters the pool. Incoming adapters are validated against their base, then
-stored when they fit; else merged into one of the most similar stored adapters if the quality
+stored when they fit; else stored adapters are kept in smaller formats where the quality gate
+allows (shrink.py); else merged into one of the most similar stored adapters if the quality
 gate passes (merger.py, the one merge loop); else, as `pool.on_no_merge` says, the refused merge
 losing least (of the two best) or an eviction (request-rate-weighted LRU, fewest profiles first,
 never pinned), whichever loses less of the profiles' gains ("least-loss", the default), an
@@ -15,9 +16,10 @@ from typing import Any
 
 from zenedge.adapters.peft_lora import read_lora_dir
 from zenedge.adapters.targets import is_servable
-from zenedge.bases import DEFAULT_BASE, ensure_base, file_sha256, find_base, identities
+from zenedge.bases import ensure_base, identities
+from zenedge.digests import file_sha256
 from zenedge.config import Config
-from zenedge.errors import BaseNotFound, BudgetExceeded, InvalidAdapter, InvalidInput
+from zenedge.errors import BudgetExceeded, InvalidAdapter, InvalidInput
 from zenedge.files import regular_file
 from zenedge.names import check_name
 from zenedge.pool.phases import Phases, Progress
@@ -26,29 +28,12 @@ from zenedge.sizes import format_size
 from zenedge.store import NewAdapter, NewName, Store
 
 
-# Gate at most this many candidates, most similar first. Two lost quality in `zenedge bench merge`
+# Gate at most this many candidates, most similar first: fewer lost quality in `zenedge bench merge`
 # (an arrival whose third candidate would have taken it evicted a profile instead), and a clear
-# refusal costs only 16 examples per member with the sequential gate (BENCHMARKS.md).
+# refusal is cheap with the sequential gate (BENCHMARKS.md).
 MERGE_CANDIDATES = 3
 EVAL_SET_MAX_BYTES = 64 << 20   # ~100x the embedded sets; the gate reads at most 64 examples of one
 LEAST_LOSS_OPTIONS = 2   # refused merges least-loss admission measures in full before choosing
-
-
-def resolve_base(store: Store, name: str | None, progress: Progress | None = None) -> dict[str, Any]:
-    """The base row for `name` (default: the embedded base, converted into the store on first use,
-    reporting progress, as `pull` does)."""
-    name = name or DEFAULT_BASE
-    row = store.base(name) or find_base(store, name)
-    if row is not None:
-        return row
-    if name == DEFAULT_BASE:
-        report = (lambda message: progress({"status": message, "phase": "base"})) if progress else None
-        if report:
-            report(f"setting up the base {DEFAULT_BASE} (first use, about 30 s)")
-        return ensure_base(store, name, progress=report)
-    known = ", ".join(b["name"] for b in store.bases()) or "none yet"
-    raise BaseNotFound(f"base {name!r} is not registered (registered: {known})",
-                       hint="register it with `zenedge base add PATH --name NAME`")
 
 
 def check_source(path: Path) -> None:
@@ -81,7 +66,8 @@ def _checked_inputs(store: Store, name: str, path: Path, eval_path: Path | None,
     check_name(name, "profile name")
     check_source(path)
     check_eval_set(eval_path)
-    return resolve_base(store, base, progress)
+    report = (lambda message: progress({"status": message, "phase": "base"})) if progress else None
+    return ensure_base(store, base, progress=report)
 
 
 def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,

@@ -144,14 +144,11 @@ class PoolMerger:
 
     def eval_path(self, name_row: dict[str, Any]) -> Path | None:
         """A profile's stored eval set; None (the gate's data-free proxy) when it is damaged on disk."""
-        digest = name_row.get("eval_blob")
-        if not digest:
-            return None
-        if not self.store.blobs.verify(digest):
+        path = stored_eval_set(self.store, name_row)
+        if path is None and name_row.get("eval_blob"):
             self.phases.note(f"{name_row['name']}: eval set unusable (damaged on disk: its bytes no longer match its "
                              "sha256); using the data-free proxy", "gate", member=name_row["name"])
-            return None
-        return self.store.blob_path(digest)
+        return path
 
     def attempt(self, candidate: dict[str, Any], similarity: float, incoming: Incoming) -> Attempt:
         """Merge a LoRA `incoming` into `candidate` with low-rank OPCM (nothing stored yet) and gate it."""
@@ -336,13 +333,15 @@ def is_original(adapter: dict[str, Any]) -> bool:
 
 def member_entry(store: Store, name: str, quality: dict[str, Any] | None) -> NewName:
     """A stored profile re-pointed to a merged adapter: everything it had (version, description,
-    origin, its eval set) and its quality anchors, updated where the gate measured new ones. (The
-    eval set was dropped here once, which silently moved every later gate of a merged member onto
-    the data-free proxy.)"""
+    origin, its eval set, so later gates still read it) and its quality anchors, updated where the
+    gate measured new ones."""
     row = store.name(name) or {}
-    digest = row.get("eval_blob")
-    eval_path = store.blob_path(digest) if digest and store.blobs.verify(digest) else None   # (never a damaged copy)
     return NewName(name=name, version=row.get("version") or "", description=row.get("description") or "",
-                   eval_path=eval_path, quality=quality or row.get("quality") or {}, origin=row.get("origin") or {})
+                   eval_path=stored_eval_set(store, row), quality=quality or row.get("quality") or {}, origin=row.get("origin") or {})
 
 
+def stored_eval_set(store: Store, name_row: dict[str, Any]) -> Path | None:
+    """A profile's stored eval set; None when it has none, or when its blob is damaged (never a
+    damaged copy)."""
+    digest = name_row.get("eval_blob")
+    return store.blob_path(digest) if digest and store.blobs.verify(digest) else None

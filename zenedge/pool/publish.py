@@ -15,8 +15,8 @@ import torch
 
 from zenedge.adapters.lora_tensors import read_lora_factors
 from zenedge.adapters.peft_lora import read_lora_dir
+from zenedge.bases import ensure_base
 from zenedge.config import Config
-from zenedge.pool.admission import resolve_base
 from zenedge.pool.gate import QualityGate
 from zenedge.registry.builder import build_manifest, find_lora, profile_folders, write_anchors
 from zenedge.runtime.variants import lora_variant
@@ -39,7 +39,7 @@ def measure_registry_anchors(store: Store, cfg: Config, root: Path,
         if manifest.eval_anchors is not None:
             say(f"{manifest.name}: anchors up to date")
             continue
-        base = resolve_base(store, manifest.base_name, None)
+        base = ensure_base(store, manifest.base_name)
         engine = engine or Engine(store, cfg, scoring_only=True)
         gate = QualityGate(engine.resident(base["name"]))  # the engine keeps one resident per base
         lora = read_lora_dir(find_lora(folder)[0].parent, {m: tuple(s) for m, s in base["modules"].items()})

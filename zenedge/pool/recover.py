@@ -28,7 +28,8 @@ from zenedge import bases
 from zenedge.config import Config
 from zenedge.errors import ZenedgeError
 from zenedge.store import Store
-from zenedge.store.blobs import PREFIX, sha256_of
+from zenedge.digests import file_sha256
+from zenedge.store.blobs import PREFIX
 from zenedge.store.store import SNAPSHOT_TABLES
 
 
@@ -154,7 +155,7 @@ def _from_registry(store: Store, cfg: Config, found: Path, say) -> list[str]:
 
 
 def _intact(path: Path) -> bool:
-    return sha256_of(path) == path.name[len(PREFIX):]
+    return file_sha256(path) == path.name[len(PREFIX):]
 
 
 def _lost_and_found(store: Store, digests: list[str]) -> list[str]:

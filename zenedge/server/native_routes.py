@@ -1,6 +1,6 @@
 """Native endpoints: /health and /api/{pull,import,list,ps,rm,budget,pool,stop,pin,merge,compress}.
 
-Pool changes go through the same functions the CLI uses (Store, zenedge.pool, registry.pull),
+Pool changes go through the same functions the CLI uses (Store, zenedge.pool, zenedge.pool.pull),
 in a thread, and are followed by `sync_cache` so a removed or merged-away variant leaves memory too.
 
 /api/pull and /api/ps are also Ollama's paths, and serve both shapes in one body: every pull
@@ -98,7 +98,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
         try:
             # A bad name is a 400 now, not a line in a stream that first waited behind other pulls.
             split_reference(name)
-            pull_fn = optional("zenedge.registry.pull", "pull", "pulling from a registry")
+            pull_fn = optional("zenedge.pool.pull", "pull", "pulling from a registry")
             def job(progress) -> dict:
                 return pull_fn(state.store, state.cfg, name, progress=progress, engine=state.engine)
 

@@ -15,18 +15,13 @@ import threading
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
+from zenedge.digests import file_sha256
 from zenedge.errors import DigestMismatch
 from zenedge.names import check_digest
 from zenedge.store.owners import StagingDir, staging_leftovers
 
 CHUNK = 1 << 20
 PREFIX = "sha256-"
-
-
-def sha256_of(path: Path) -> str:
-    """The sha256 of a file's bytes, hex."""
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def fsync_dir(path: Path) -> None:
@@ -133,7 +128,7 @@ class BlobStore:
     def verify(self, digest: str) -> bool:
         """Whether the blob is there, a regular file, and its bytes still hash to its name."""
         path = self.path(digest)
-        return path.is_file() and sha256_of(path) == digest
+        return path.is_file() and file_sha256(path) == digest
 
     def copy_out(self, digest: str, dest: Path) -> None:
         shutil.copyfile(self.path(digest), dest)
