@@ -5,6 +5,7 @@
 - `zenedge.kernels.native`: zenedge's C kernels for the CPU (int4 / int8 products, RMSNorm,
   decode attention, LoRA, the whole decode step), compiled on first use.
 
-Their benchmarks and GPU tooling (timing tables, SASS, config checks, the published BitDelta
-design as a baseline) live in `zenedge.bench`. Importing this package loads nothing.
+Their GPU tooling (timing tables, SASS, config checks) lives in the repository's `tools/gpu/`
+(not installed), the published BitDelta design as a baseline in `zenedge.bench`. Importing this
+package loads nothing.
 """

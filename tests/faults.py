@@ -2,7 +2,7 @@
 at the CLI and the HTTP API, hold concurrent streams, then check that nothing was lost.
 
     python -m tests.faults                       # the full run (minutes), table + JSON
-    python -m tests.faults --out FILE.json       # also write the figures (benchmarks/faults-DATE.json)
+    python -m tests.faults --out FILE.json       # also write the figures (benchmarks/DATE-faults.json)
     python -m tests.faults --quick               # the small version tests/test_faults.py runs
 
 Everything is real: a tiny random llama as the base, LoRA profiles, a throttled HTTP registry on

@@ -1,4 +1,4 @@
-"""The fault script's small version (the full run's figures are in benchmarks/faults-*.json and
+"""The fault script's small version (the full run's figures are in benchmarks/*-faults.json and
 the README's Reliability section): every category of fault is exercised and nothing is lost."""
 
 from tests.faults import QUICK, run, table

@@ -134,6 +134,14 @@ def test_imports_point_down(module):
         assert layer is None or layer <= own, f"{module} (layer {own}) imports {target} (layer {layer})"
 
 
+def test_the_package_imports_nothing_from_tools():
+    """tools/ (the repository's GPU tooling and one-off timings) is not installed: the package
+    must run without it."""
+    for module, path in modules().items():
+        found = [t for t in imports(path, package_of(module, path)) if t == "tools" or t.startswith("tools.")]
+        assert found == [], f"{module} imports {found}"
+
+
 def test_no_module_imports_itself_back():
     found = cycles(graph())
     unexpected = [sorted(c) for c in found if c not in KNOWN_CYCLES]

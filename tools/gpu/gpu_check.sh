@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device run: versions, correctness of every kernel config against the float64 reference,
 # then the full benchmark. Run from the repository root on a CUDA machine:
-#   OUT=/some/dir bash zenedge/bench/gpu_check.sh
+#   OUT=/some/dir bash tools/gpu/gpu_check.sh
 # Uses the machine's own torch/triton; installs nothing. The package is put on sys.path through
-# a symlink shim (kernels/ is zenedge.kernels only once installed).
+# a symlink shim (kernels/ is zenedge.kernels only once installed), beside tools/.
 set -u -o pipefail
 OUT=${OUT:-/tmp/zenedge-gpu}
 mkdir -p "$OUT"
@@ -14,6 +14,7 @@ SHIM=$(mktemp -d)
 mkdir -p "$SHIM/zenedge"
 for entry in "$PWD"/zenedge/*; do ln -s "$entry" "$SHIM/zenedge/"; done   # the package as installed:
 ln -s "$PWD/kernels" "$SHIM/zenedge/kernels"                              # zenedge/ plus kernels/
+ln -s "$PWD/tools" "$SHIM/tools"
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 cd "$SHIM"     # python puts the cwd first on sys.path: the repo's own zenedge/ would shadow the shim
 
@@ -43,7 +44,7 @@ print("smoke prefill rel.err", float((y.double() - r).norm() / r.norm()))
 EOF
 echo "smoke done after ${SECONDS}s"
 
-python3 -m zenedge.bench.bitdelta_kernels --check 2>&1 | tee "$OUT/bench.txt"
+python3 -m tools.gpu.bitdelta_kernels --check 2>&1 | tee "$OUT/bench.txt"
 status=$?
 echo "bench done after ${SECONDS}s (status $status)" | tee -a "$OUT/bench.txt"
 rm -rf "$SHIM"

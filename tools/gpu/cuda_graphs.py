@@ -1,5 +1,5 @@
 """GPU ONLY: the CUDA-graphed decode step checked against eager stepping and the reference loop,
-and timed beside them. `python -m zenedge.bench.cuda_graphs [--json PATH]` on a CUDA machine.
+and timed beside them. `python -m tools.gpu.cuda_graphs [--json PATH]` on a CUDA machine.
 
 Self-contained: random llama models (a tiny one for exactness, one shaped like SmolLM2-135M for
 speed), LoRA and BitDelta variants built in memory, a stand-in tokenizer. Nothing is downloaded

@@ -1,4 +1,4 @@
-"""Benchmark the BitDelta linear: ``python -m zenedge.bench.bitdelta_kernels [--sass | --check | --quick]``.
+"""Benchmark the BitDelta linear: ``python -m tools.gpu.bitdelta_kernels [--sass | --check | --quick]``.
 
 CUDA: fused kernel vs dense bf16 F.linear on the same shape, vs the naive path (unpack, add,
 linear) and vs the published BitDelta design (separate base + delta launches), with achieved
@@ -145,7 +145,7 @@ def _gpu_case(n, k, m, d, copy_gbs, device="cuda", timer=None) -> str:
 
 
 def run_gpu(quick: bool, check: bool) -> None:
-    from zenedge.bench import gpu_check
+    from tools.gpu import gpu_check
     from zenedge.kernels.bitdelta import autotune
 
     props = torch.cuda.get_device_properties(0)
@@ -179,14 +179,14 @@ def run_gpu(quick: bool, check: bool) -> None:
 
 
 def run_sass() -> None:
-    from zenedge.bench.sass import all_reports, format_table
+    from tools.gpu.sass import all_reports, format_table
 
     _say(f"SASS for sm_90a, compiled without a GPU, {datetime.date.today()} on {_machine()}")
     _say(format_table(all_reports()))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zenedge.bench.bitdelta_kernels", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.gpu.bitdelta_kernels", description=__doc__.splitlines()[0])
     parser.add_argument("--sass", action="store_true", help="compile every config for sm_90a, print the SASS table")
     parser.add_argument("--check", action="store_true", help="GPU: check every config first, exclude failures")
     parser.add_argument("--quick", action="store_true", help="GPU: first shape only")

@@ -1,4 +1,4 @@
-"""Time the pool's merge math on smollm2-shaped adapters: `python -m zenedge.merge.bench_similarity`.
+"""Time the pool's merge math on smollm2-shaped adapters: `python -m tools.bench_similarity`.
 
 Adapters: SmolLM2-135M attention, 30 layers × {q, k, v, o}_proj with the real shapes
 (q, o: 576×576; k, v: 192×576, 3 kv heads × 64), rank 8, float32, random factors.

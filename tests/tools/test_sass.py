@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("triton.backends.nvidia")
 
-from zenedge.bench.sass import compile_reports, format_table  # noqa: E402
+from tools.gpu.sass import compile_reports, format_table  # noqa: E402
 from zenedge.kernels.bitdelta.configs import DECODE_CONFIGS  # noqa: E402
 
 
