@@ -102,7 +102,7 @@ def similarity_table(quality: dict) -> str:
 
 
 def bitdelta_table(cards: dict[str, dict]) -> str:
-    """Per BitDelta profile, one run of zenedge.bench.bitdelta_quality: every row measured together
+    """Per BitDelta profile, one run of profiles/recipes/bitdelta_quality.py: every row measured together
     (the same eval examples, fp32, the 1-bit rows through zenedge's serving path)."""
     rows = ["| profile | n | base | full fine-tune | 1-bit | 1-bit + scale distillation | fp32 delta → 1-bit file "
             "| distillation logit MSE (calibration) |", "|---|---:|---|---|---|---|---|---|"]

@@ -99,7 +99,7 @@ def _gpu_case(n, k, m, d, copy_gbs, device="cuda", timer=None) -> str:
     """One table row; ``device``/``timer`` let a CPU dry run (interpreter) exercise this code."""
     from zenedge.bitdelta.packing import packed_width
 
-    from zenedge.bench import bitdelta_baselines as published
+    from tools.gpu import bitdelta_baselines as published
     from zenedge.kernels.bitdelta.grouping import group_rows
     from zenedge.kernels.bitdelta.triton import bitdelta_linear, bitdelta_linear_multi
 

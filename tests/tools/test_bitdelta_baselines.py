@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tests.kernels.bitdelta.helpers import problem, relative_error
-from zenedge.bench import bitdelta_baselines as published
+from tools.gpu import bitdelta_baselines as published
 from zenedge.kernels.bitdelta import reference
 
 

@@ -1,6 +1,6 @@
 """BitDelta quality on real full fine-tunes of the default base (issue B's table):
 
-    python -m zenedge.bench.bitdelta_quality /work/finetunes/math-full --eval profiles/math-full/eval.jsonl \\
+    python -m profiles.recipes.bitdelta_quality /work/finetunes/math-full --eval profiles/math-full/eval.jsonl \\
         --out profiles/math-full/delta.safetensors --distill-steps 100
 
 Compresses the fine-tune against the base (sizes: base, full delta, 1-bit delta, ratio), optionally
