@@ -9,24 +9,16 @@ partial file deleted and a clear error. Only a verified file is handed back.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from pathlib import Path
 from typing import Callable
 
+from zenedge.digests import file_sha256
 from zenedge.errors import DigestMismatch, RegistryError
 
 CHUNK = 1 << 14  # small enough that a dropped connection loses little
 Progress = Callable[[int], None]  # called with the number of new bytes
-
-
-def _hash_prefix(path: Path) -> "hashlib._Hash":
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            hasher.update(chunk)
-    return hasher
 
 
 def fetch(client, url: str, dest: Path, *, sha256: str, size: int, progress: Progress | None = None,
@@ -52,7 +44,7 @@ def fetch(client, url: str, dest: Path, *, sha256: str, size: int, progress: Pro
                 raise RegistryError(f"download of {url} failed after {retries} retries: {exc}",
                                     hint="run the same pull again to resume") from None
             time.sleep(backoff * 2 ** (attempt - 1))
-    digest = _hash_prefix(dest).hexdigest()
+    digest = file_sha256(dest)
     if digest != sha256:
         dest.unlink(missing_ok=True)
         raise DigestMismatch(f"{url}: sha256 is {digest[:16]}…, the manifest says {sha256[:16]}…; the file was deleted",

@@ -8,7 +8,8 @@ import shutil
 from pathlib import Path
 
 from zenedge.errors import DigestMismatch, RegistryError
-from zenedge.registry.download import Progress, _hash_prefix, fetch
+from zenedge.digests import file_sha256
+from zenedge.registry.download import Progress, fetch
 from zenedge.registry.manifest import IndexEntry, Manifest, parse_index, parse_manifest
 
 MAX_METADATA_BYTES = 4 * 2**20
@@ -48,7 +49,7 @@ class DirectorySource:
         shutil.copyfile(source, dest)
         if progress:
             progress(size)
-        if _hash_prefix(dest).hexdigest() != sha256:
+        if file_sha256(dest) != sha256:
             dest.unlink()
             raise DigestMismatch(f"{self.label}: {folder}/{relative} does not match its sha256")
         return dest
