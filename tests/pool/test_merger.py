@@ -16,8 +16,9 @@ from zenedge.runtime.generate import SamplingParams
 def test_similar_adapter_is_merged_and_both_names_route_to_it(store, tmp_path, make_profile):
     a_dir, a_eval = make_profile("alpha", 1)
     # A near-copy. (At noise 0.02 the tiny model's greedy answers already differ: another task in
-    # answer tokens, whose merge the gate's floor rightly refuses.)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.005)
+    # answer tokens, whose merge the gate's floor rightly refuses; at 0.005 they differ on an AVX2
+    # CPU, whose torch kernels round differently.)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.002)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
@@ -38,8 +39,8 @@ def test_similar_adapter_is_merged_and_both_names_route_to_it(store, tmp_path, m
 
 def test_a_third_arrival_continues_the_opcm_state(store, tmp_path, make_profile):
     a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.005)
-    c_dir, c_eval = make_profile("gamma", 3, like=a_dir, noise=0.005)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.002)
+    c_dir, c_eval = make_profile("gamma", 3, like=a_dir, noise=0.002)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 4000}B"\nquality_threshold = 0.3\n')
     for name, d, e in [("alpha", a_dir, a_eval), ("beta", b_dir, b_eval), ("gamma", c_dir, c_eval)]:
@@ -70,7 +71,7 @@ def test_when_the_gate_fails_the_policy_evicts_or_refuses(store, tmp_path, make_
 
 def test_pinned_adapters_are_never_merged(store, tmp_path, make_profile):
     a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.005)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.002)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.1\n',
                      pinned=["alpha"])
@@ -139,7 +140,7 @@ def test_a_refused_merge_keeps_the_anchors_it_measured(store, tmp_path, make_pro
 
 def test_a_broken_stored_eval_set_does_not_block_merges(store, tmp_path, make_profile):
     a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.01)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.002)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
@@ -159,7 +160,7 @@ def test_bf16_profiles_merge_into_bf16_under_byte_pressure(store, tmp_path, make
     from zenedge.adapters.safetensors_file import read_header
 
     a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.005)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.002)
     for d in (a_dir, b_dir):
         weights = d / "adapter_model.safetensors"
         save_file({k: v.bfloat16() for k, v in load_file(weights).items()}, str(weights))
@@ -177,8 +178,8 @@ def test_merged_members_keep_their_eval_sets_for_later_gates(store, tmp_path, ma
     """Regression: re-pointing members to a merged adapter dropped their eval sets (and versions),
     so every later gate of a merged member fell back to the data-free proxy."""
     a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.005)
-    c_dir, c_eval = make_profile("gamma", 3, like=a_dir, noise=0.005)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.002)
+    c_dir, c_eval = make_profile("gamma", 3, like=a_dir, noise=0.002)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 6000}B"\nquality_threshold = 0.3\n')
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval, version="1.2.0")
@@ -246,7 +247,7 @@ def test_least_loss_takes_the_refused_merge_only_when_evicting_would_lose_more(s
     quality either way. A near-copy merged loses far less than evicting alpha's whole gain; an
     unrelated adapter (the "evicted" case) loses more than a whole profile when merged."""
     a_dir, a_eval = make_profile("alpha", 1)
-    b_dir, b_eval = (make_profile("beta", 2, like=a_dir, noise=0.05) if kept == "merged"
+    b_dir, b_eval = (make_profile("beta", 2, like=a_dir, noise=0.002) if kept == "merged"
                      else make_profile("beta", 7))
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = {threshold}\n')
@@ -269,7 +270,7 @@ def test_least_loss_weighs_more_than_one_refused_merge(store, tmp_path, make_pro
     merges on every member and takes the one that loses least (beta is a near-copy of alpha)."""
     a_dir, a_eval = make_profile("alpha", 1)
     g_dir, g_eval = make_profile("gamma", 7)
-    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.05)
+    b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.002)
     cfg = set_config(tmp_path, '[pool]\nmax_adapters = 2\nquality_threshold = 0.99\n')
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
     pool.import_lora(store, cfg, g_dir, "gamma", base="tiny", eval_path=g_eval)
