@@ -4,6 +4,7 @@ test session by tests/conftest.py's `real_base_dir`), registered into each test'
 import pytest
 
 from zenedge import bases
+from zenedge.digests import file_sha256
 
 
 @pytest.fixture
@@ -12,7 +13,7 @@ def real_store(isolated_home, real_base_dir):
 
     store = Store(isolated_home)
     bases.add_hf_dir(store, real_base_dir, bases.DEFAULT_BASE, aliases=bases.DEFAULT_BASE_ALIASES,
-                     sha256=bases.file_sha256(bases.default_base_gguf()))
+                     sha256=file_sha256(bases.default_base_gguf()))
     return store
 
 

@@ -21,6 +21,7 @@ PAIRS = [("The cat sat on the mat.", "A kitten was sitting on the rug."),
 @pytest.fixture(scope="module")
 def real_daemon(tmp_path_factory, real_base_dir):
     from zenedge import bases
+    from zenedge.digests import file_sha256
     from zenedge.store import Store
 
     root = tmp_path_factory.mktemp("real-daemon")
@@ -28,7 +29,7 @@ def real_daemon(tmp_path_factory, real_base_dir):
     write_config(config_path, {"runtime": {"device": "cpu", "dtype": "float32", "weights": "full"}})
     store = Store(home)
     bases.add_hf_dir(store, real_base_dir, bases.DEFAULT_BASE, aliases=bases.DEFAULT_BASE_ALIASES,
-                     sha256=bases.file_sha256(bases.default_base_gguf()))
+                     sha256=file_sha256(bases.default_base_gguf()))
     store.close()
     with one_torch_thread():
         running = ThreadDaemon.start(home, config_path)

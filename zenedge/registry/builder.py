@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from zenedge.bases import DEFAULT_BASE, DEFAULT_BASE_SHA256, file_sha256
+from zenedge.bases import DEFAULT_BASE, DEFAULT_BASE_SHA256
+from zenedge.digests import file_sha256
 from zenedge.errors import InvalidInput
 from zenedge.names import check_name
 from zenedge.registry.manifest import INDEX_FORMAT, FileEntry, Manifest, parse_anchors
