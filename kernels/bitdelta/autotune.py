@@ -1,14 +1,12 @@
 """Pick a KernelConfig per problem shape: benchmark the pruned candidates once on CUDA, cache.
 
 On CPU tensors (the Triton interpreter, CI) there is nothing to time: the small interpreter
-configs are used. Winners can be saved to / loaded from JSON so a tuned GPU ships its choices.
+configs are used.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -71,12 +69,3 @@ def choose(key: str, options: list[KernelConfig], run: Callable[[KernelConfig], 
 def chosen() -> dict[str, KernelConfig]:
     """The configs picked so far in this process (key -> config)."""
     return dict(_BEST)
-
-
-def save_tuning(path: str | Path) -> None:
-    Path(path).write_text(json.dumps({k: v.as_dict() for k, v in sorted(_BEST.items())}, indent=1))
-
-
-def load_tuning(path: str | Path) -> None:
-    for key, fields in json.loads(Path(path).read_text()).items():
-        _BEST[key] = KernelConfig(**fields)

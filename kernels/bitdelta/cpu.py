@@ -7,8 +7,8 @@ No dense S or W + α⊙S is ever built for a whole layer; two strategies, picked
 - larger M (prefill): chunks of output rows of W_hat = W + α⊙S are rebuilt in fp32 and go
   through one matmul each, so the unpack is paid once per weight and amortised over M rows.
 
-Hot variants can skip the unpacking: ``signs_linear`` takes a pre-unpacked int8 ±1 matrix, and
-``reconstruct_weight`` builds the dense W + α⊙S once for a plain F.linear.
+Hot variants can skip the unpacking: ``reconstruct_weight`` builds the dense W + α⊙S once for a
+plain F.linear.
 """
 
 from __future__ import annotations
@@ -147,29 +147,7 @@ def _finish(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# ---- pre-unpacked forms for hot variants ----------------------------------------------------------
-
-def unpack_signs_int8(packed: torch.Tensor, in_features: int) -> torch.Tensor:
-    """int8 ±1 [out, in] (1 byte per weight, 8x the packed size): the input of ``signs_linear``."""
-    out_features, width = packed.shape
-    signs = torch.empty(out_features, in_features, dtype=torch.int8)
-    step = _rows_per_chunk(width * 8)
-    for start in range(0, out_features, step):
-        signs[start:start + step] = _bits(packed[start:start + step], in_features).to(torch.int8) * 2 - 1
-    return signs
-
-
-def signs_linear(x: torch.Tensor, weight: torch.Tensor, signs: torch.Tensor, alpha: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x[M, in] · (W + α⊙S)ᵀ (+b) with S as int8 ±1 [out, in]; chunked, returns x.dtype."""
-    y = F.linear(x, weight, bias).float()
-    xf = x.float()
-    step = _rows_per_chunk(signs.shape[1])
-    for start in range(0, signs.shape[0], step):
-        part = xf @ signs[start:start + step].float().T                       # [M, c]
-        y[:, start:start + step].addcmul_(part, alpha[start:start + step].float())
-    return y.to(x.dtype)
-
+# ---- the dense form for hot variants -------------------------------------------------------------
 
 def reconstruct_weight(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor, *,
                        dtype: torch.dtype | None = None) -> torch.Tensor:
