@@ -22,7 +22,6 @@ from .grouping import group_rows
 
 LUT_MAX_ROWS = 8                   # above this, rebuilding W_hat chunks and one matmul is cheaper
 _CHUNK_ELEMENTS = 1 << 20          # ~4 MB of fp32 temporaries per chunk, whatever the layer size
-_BIT_MASKS = 1 << torch.arange(8, dtype=torch.uint8)
 _BYTE_SIGNS: dict[torch.dtype, torch.Tensor] = {}
 _OFFSETS: dict[int, torch.Tensor] = {}
 
@@ -48,11 +47,6 @@ def _check(x, weight, packed, alpha):
         raise ValueError(f"packed must be uint8 [..., {want[0]}, {want[1]}], got {packed.dtype} {tuple(packed.shape)}")
     if alpha.shape[-1] != weight.shape[0]:
         raise ValueError(f"alpha must end in {weight.shape[0]}, got {tuple(alpha.shape)}")
-
-
-def _bits(chunk: torch.Tensor, in_features: int) -> torch.Tensor:
-    """uint8 [c, KB] -> bool [c, in] (bit set = +1)."""
-    return ((chunk[:, :, None] & _BIT_MASKS) != 0).view(chunk.shape[0], -1)[:, :in_features]
 
 
 def _byte_offsets(width: int) -> torch.Tensor:
