@@ -13,7 +13,7 @@ from tests.conftest import REPO
 # Lower number = lower layer. A module may import only from its own layer or below.
 LAYERS = {
     "zenedge.errors": 0, "zenedge.names": 0, "zenedge.sizes": 0, "zenedge.paths": 0, "zenedge.config": 0,
-    "zenedge.files": 0, "zenedge.durations": 0,
+    "zenedge.files": 0, "zenedge.durations": 0, "zenedge.lazy_exports": 0,
     "zenedge.store": 1, "zenedge.adapters": 1, "zenedge.bitdelta": 1, "zenedge.merge": 1, "zenedge.kernels": 1,
     "zenedge.evaluation": 1, "zenedge.api": 1,
     "zenedge.bases": 2, "zenedge.runtime": 2, "zenedge.registry": 2,

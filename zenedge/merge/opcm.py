@@ -35,9 +35,10 @@ import torch
 from torch import Tensor
 
 from zenedge.merge.errors import IncompatibleAdapters, InvalidMergeOption
-from zenedge.merge.factors import compute_dtype, require_finite_tensor
-from zenedge.merge.product_svd import dense_svd, nonzero_count
+from zenedge.merge.factors import Adapter, compute_dtype, require_finite_tensor
+from zenedge.merge.product_svd import dense_svd, nonzero_count, truncate_all
 from zenedge.merge.projection import removed_couplings, require_alpha, split_rank
+from zenedge.merge.result import MergeResult, RankCap, merge_method, resolve_rank_cap
 
 TaskVector = Mapping[str, Tensor]
 Projected = Callable[[str, Tensor], bool]
@@ -162,3 +163,15 @@ def opcm_fold(
     for tau in task_vectors[1:]:
         state = opcm_step(state, tau, alpha, is_projected=is_projected)
     return state
+
+
+@merge_method("opcm-dense", min_adapters=1)
+def opcm_dense(adapters: Sequence[Adapter], *, alpha: float = 0.5, max_rank: RankCap = "member") -> MergeResult:
+    """Dense OPCM on each adapter's ΔW = s·B·A, truncated to the cap once at the end."""
+    alpha = require_alpha(alpha)
+    cap = resolve_rank_cap(max_rank, adapters)
+    task_vectors = [{name: f.delta() for name, f in adapter.items()} for adapter in adapters]
+    state = opcm_fold(task_vectors, alpha)
+    factors, report = truncate_all({name: dense_svd(d) for name, d in state.merged.items()}, cap)
+    details = {"alpha": alpha, "lam": state.lam, "norms": list(state.norms)}
+    return MergeResult("opcm-dense", factors, report, details)
