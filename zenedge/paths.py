@@ -142,3 +142,14 @@ def split_k_disabled() -> bool:
 def registry_log_requests() -> bool:
     """ZENEDGE_REGISTRY_LOG is set: the registry's file server logs each request (quiet otherwise)."""
     return bool(os.environ.get("ZENEDGE_REGISTRY_LOG"))
+
+
+def scratch_environment(root: str | Path, config: str) -> dict[str, str]:
+    """This process's environment pointed at a throwaway zenedge under `root`: its own home, config
+    file (written with `config`) and socket directory, no daemon kept alive, so a benchmark's child
+    processes never touch the user's pool or daemon."""
+    env = {**os.environ, "ZENEDGE_HOME": f"{root}/home", "ZENEDGE_CONFIG": f"{root}/config.toml",
+           "XDG_RUNTIME_DIR": f"{root}/run", "ZENEDGE_KEEP_ALIVE": "0"}
+    Path(env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700)
+    Path(env["ZENEDGE_CONFIG"]).write_text(config)
+    return env

@@ -86,7 +86,7 @@ def start_daemon(cfg: Config, seconds: float, say: Callable[[str], None]) -> Dae
     with log:
         process = subprocess.Popen(
             [sys.executable, "-m", "zenedge.cli", "serve", "--idle-exit", f"{seconds:g}", "--log-level", "warning"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=dict(os.environ))
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline, exited_at = time.monotonic() + START_TIMEOUT, None
     while time.monotonic() < deadline:
         client = find_daemon(cfg)
