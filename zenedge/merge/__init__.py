@@ -12,9 +12,9 @@ from zenedge.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "Adapter": "factors", "LoraFactors": "factors", "adapter_norm": "factors",
-    "lora_cosine": "similarity", "module_cosines": "similarity", "rank_by_similarity": "similarity",
+    "lora_cosine": "similarity", "rank_by_similarity": "similarity",
     "SimilarityIndex": "similarity",
-    "OPCMState": "opcm", "opcm_init": "opcm", "opcm_step": "opcm", "opcm_fold": "opcm", "opcm_merge": "opcm",
+    "OPCMState": "opcm", "opcm_init": "opcm", "opcm_step": "opcm", "opcm_fold": "opcm",
     "LowRankOPCMState": "lowrank_opcm", "lowrank_opcm_init": "lowrank_opcm", "lowrank_opcm_step": "lowrank_opcm",
     "lowrank_opcm_fold": "lowrank_opcm",
     "MERGE_METHODS": "methods", "merge": "methods",

@@ -10,7 +10,7 @@ vectors given as `dict[str, Tensor]` (τ = W_task − W_base per parameter):
                   Ŝ = λ_{t−1} Δ_{t−1} + τ̃
                   λ_t = ‖Ŝ‖ / a_t,  Δ_t = Ŝ / λ_t    (so ‖Δ_t‖ = a_t)
 
-`OPCMState` is the resumable state (Δ, λ, the norms; count = len(norms)); `opcm_merge` is a
+`OPCMState` is the resumable state (Δ, λ, the norms; count = len(norms)); `opcm_fold` is a
 fold of `opcm_step` over `opcm_init`. Nothing is mutated: every step returns a new state.
 
 Differences from FusionBench, each on purpose:
@@ -139,23 +139,14 @@ def _aligned(name: str, delta: Tensor | None, task: Tensor | None) -> tuple[Tens
     return delta.to(dtype), task.to(dtype)
 
 
-def opcm_merge(
-    task_vectors: Sequence[TaskVector],
-    alpha: float = 0.5,
-    *,
-    is_projected: Projected = project_2d,
-) -> dict[str, Tensor]:
-    """Sequential OPCM over `task_vectors` in order; returns Δ_T (‖Δ_T‖ = mean ‖τ_i‖)."""
-    return opcm_fold(task_vectors, alpha, is_projected=is_projected).merged
-
-
 def opcm_fold(
     task_vectors: Sequence[TaskVector],
     alpha: float = 0.5,
     *,
     is_projected: Projected = project_2d,
 ) -> OPCMState:
-    """Like opcm_merge, but returns the final state so the merge can be continued later."""
+    """Sequential OPCM over `task_vectors` in order; the final state (Δ_T in `merged`, ‖Δ_T‖ = mean ‖τ_i‖)
+    can be continued later."""
     if not task_vectors:
         raise InvalidMergeOption("OPCM needs at least one task vector")
     require_alpha(alpha)

@@ -101,17 +101,6 @@ def _mean_cosine(x: dict[str, _Module], y: dict[str, _Module]) -> float:
     return total / shared if shared else 0.0
 
 
-def module_cosines(a: Adapter, b: Adapter) -> dict[str, float]:
-    """cos(flat ΔW_a, flat ΔW_b) per shared module, in a's module order."""
-    x, y = _prepared(a, "first adapter"), _prepared(b, "second adapter")
-    out = {}
-    for name, mx in x.items():
-        if name in y:
-            _require_same_shape(name, mx, y[name])
-            out[name] = _cosine(mx, y[name])
-    return out
-
-
 def lora_cosine(a: Adapter, b: Adapter) -> float:
     """K-Merge similarity: mean over shared modules of cos(flat(ΔW_a), flat(ΔW_b))."""
     return _mean_cosine(_prepared(a, "first adapter"), _prepared(b, "second adapter"))
