@@ -66,7 +66,7 @@ def sign_products(x: torch.Tensor, packed: torch.Tensor, in_features: int) -> to
         x32 = F.pad(x32, (0, width * 8 - in_features))                   # zero pad to whole bytes
     table = torch.bmm(x32.view(m, width, 8).transpose(0, 1), _byte_signs(torch.float32).expand(width, 8, 256))
     # Fresh buffer, not .contiguous(): for M = 1 that keeps a stride of 256 on the size-1 dim and
-    # sends embedding_bag down a path 20x slower.
+    # sends embedding_bag down a far slower path.
     table = torch.empty(width * 256, m).copy_(table.transpose(1, 2).reshape(width * 256, m))   # [kb*256+v, M]
     offsets = _byte_offsets(width)
     step = _rows_per_chunk(width * 2)
@@ -86,7 +86,7 @@ def weight_chunks(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tenso
     step = _rows_per_chunk(packed.shape[1] * 8)
     for start in range(0, out_features, step):
         chunk = packed[start:start + step]
-        # One table gather per byte (8 signs at once) beats shift/and/compare/select passes 2-3x.
+        # One table gather per byte (8 signs at once) beats shift/and/compare/select passes.
         signs = F.embedding(chunk.to(torch.int32), signs_of_byte).view(chunk.shape[0], -1)[:, :in_features]
         w_hat = torch.addcmul(weight[start:start + step].float(), signs, alpha[start:start + step].float()[:, None])
         yield start, w_hat.to(dtype)

@@ -33,7 +33,7 @@ from zenedge.bench.pool import _serving, _zenedge
 SETTINGS = ("auto", 1)
 PROMPT_TOKENS = 512
 DECODE_TOKENS = 128
-REPEATS = 3               # best of: a decode of 128 tokens is ~1 s, and this machine's noise is ±15 %
+REPEATS = 3               # best of: single short runs on a shared machine are noisy
 GATE_PROFILES = ("csvx", "jsonx", "writer")
 GATE_EXAMPLES = 8
 IMPORTED = "csvx"          # imported into a pool whose one slot holds `writer`: the gate decides a merge

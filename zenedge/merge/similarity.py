@@ -23,10 +23,9 @@ answers a query with two small Gram products per (member, shared module). `lora_
 `rank_by_similarity` are one-off uses of the same code.
 
 Why numpy in the inner loop: the products are tiny (576×8 by 576×8), so per-call overhead
-dominates, and numpy's is about a third of torch's (measured 14 µs against 38 µs a pair).
-Why no stacking of the pool into [n, out, r] batches: the copy costs more than the queries a
-pool sees (measured 1.25 s to stack 100 smollm2-sized adapters, mostly page faults on fresh
-memory, against 0.13 s a batched query), and doubles the memory the pool takes.
+dominates, and numpy's is a fraction of torch's (README.md beside this file has the numbers).
+Why no stacking of the pool into [n, out, r] batches: the copy (mostly page faults on fresh
+memory) costs more than the queries a pool sees, and doubles the memory the pool takes.
 """
 
 from __future__ import annotations

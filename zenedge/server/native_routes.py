@@ -96,7 +96,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
         ollama = body.model is not None
         name = ollama_routes.model_name(body.model) if ollama else body.name
         try:
-            # A bad name is a 400 now, not a line in a stream that first waited behind other pulls.
+            # A bad name is a 400 at once, not a line in a stream that first waited behind other pulls.
             split_reference(name)
             from zenedge.registry.pull import pull as pull_fn
 
