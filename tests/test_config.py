@@ -143,3 +143,14 @@ def test_keep_alive_is_zero_or_a_finite_span_of_at_least_a_second(tmp_path, valu
     path.write_text(f"[server]\nkeep_alive = {value}\n")
     with pytest.raises(ConfigError, match="server.keep_alive"):
         config.load(path)
+
+
+def test_a_scratch_environment_points_every_location_into_its_root(tmp_path, monkeypatch):
+    import stat
+    from pathlib import Path
+
+    monkeypatch.setenv("ZENEDGE_HOME", "/the/users/pool")
+    env = paths.scratch_environment(tmp_path, '[runtime]\ndevice = "cpu"\n')
+    assert env["ZENEDGE_HOME"] == f"{tmp_path}/home" and env["ZENEDGE_KEEP_ALIVE"] == "0"
+    assert config.load(Path(env["ZENEDGE_CONFIG"])).runtime.device == "cpu"
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700 and env["XDG_RUNTIME_DIR"] == f"{tmp_path}/run"

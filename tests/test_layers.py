@@ -1,7 +1,7 @@
 """Imports point one way (STYLE.md): config/errors → store, formats, math, kernels → registry,
 runtime → pool → server → CLI, and no module imports itself back through others. Checked on the
 source: lazy imports inside functions count, and so do modules named by string to
-`importlib.import_module` or the daemon's `optional()`."""
+`importlib.import_module`."""
 
 import ast
 from functools import cache
@@ -13,7 +13,7 @@ from tests.conftest import REPO
 # Lower number = lower layer. A module may import only from its own layer or below.
 LAYERS = {
     "zenedge.errors": 0, "zenedge.names": 0, "zenedge.sizes": 0, "zenedge.paths": 0, "zenedge.config": 0,
-    "zenedge.files": 0, "zenedge.durations": 0, "zenedge.digests": 0,
+    "zenedge.files": 0, "zenedge.durations": 0, "zenedge.digests": 0, "zenedge.lazy_exports": 0,
     "zenedge.store": 1, "zenedge.adapters": 1, "zenedge.bitdelta": 1, "zenedge.merge": 1, "zenedge.kernels": 1,
     "zenedge.evaluation": 1, "zenedge.api": 1,
     "zenedge.bases": 2, "zenedge.runtime": 2, "zenedge.registry": 2,
@@ -22,7 +22,7 @@ LAYERS = {
     "zenedge.cli": 6, "zenedge.__main__": 6, "zenedge.bench.__main__": 6,  # entry points
 }
 # Calls whose first argument names a module that is then imported.
-IMPORTING_CALLS = {"import_module", "optional", "__import__"}
+IMPORTING_CALLS = {"import_module", "__import__"}
 # Cycles known and owned by another change, each to be deleted with the change that breaks it
 # (the test fails if a listed cycle is gone, so this list cannot go stale).
 KNOWN_CYCLES: list[set[str]] = []
@@ -150,13 +150,16 @@ def test_no_module_imports_itself_back():
     assert gone == [], f"these cycles are gone: delete them from KNOWN_CYCLES: {gone}"
 
 
-def test_the_cycle_check_sees_lazy_and_string_imports():
-    """The checker itself: a cycle closed by a lazy import, `importlib.import_module(...)` or
-    `optional(...)` is found; an import from a package's submodule is an edge to that submodule."""
+def test_the_cycle_check_sees_lazy_and_string_imports(tmp_path):
+    """The checker itself: a cycle closed by a lazy import or `importlib.import_module(...)` is
+    found; an import from a package's submodule is an edge to that submodule."""
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(edges) == [{"a", "b", "c"}]
+    named = tmp_path / "named.py"
+    named.write_text("import importlib\n\ndef f():\n    return importlib.import_module('zenedge.pool.maintain')\n")
+    assert "zenedge.pool.maintain" in set(imports(named, "zenedge"))
     background = graph()["zenedge.server.background"]
-    assert "zenedge.pool.maintain" in background  # optional("zenedge.pool.maintain", ...)
+    assert "zenedge.pool.maintain" in background  # lazy, inside a method
     assert "zenedge.pool.budget" in graph()["zenedge.server.native_routes"]  # from zenedge.pool.budget import ...
     assert "zenedge.pool" in graph()["zenedge.cli.backend"]  # lazy, inside a method
 

@@ -54,7 +54,6 @@ _ROWS = (
     ("permission_denied",       "error",           77, 500, "zenedge.errors.PermissionDenied"),  # EX_NOPERM
     ("unavailable",             "error",           3,  503, "zenedge.errors.Unavailable"),
     # the daemon (zenedge/server/errors.py)
-    ("not_implemented",         "unavailable",     3,  501, "zenedge.server.errors.NotAvailableYet"),
     ("queue_full",              "unavailable",     3,  503, "zenedge.server.errors.QueueFull"),
     ("shutting_down",           "unavailable",     3,  503, "zenedge.server.errors.ShuttingDown"),
     ("unauthorized",            "error",           1,  401, "zenedge.server.errors.Unauthorized"),

@@ -183,14 +183,6 @@ def shared_prefix(encoded: Sequence[EncodedExample]) -> int:
     return max(0, length)
 
 
-def answer_token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Cross-entropy of every scored answer token, flattened: [N_answer_tokens] (fp32)."""
-    targets = batch.input_ids[:, 1:]  # [B, T-1]
-    mask = batch.target_mask[:, :-1]  # [B, T-1]
-    scored_logits = logits[:, :-1][mask].float()  # [N, V]
-    return F.cross_entropy(scored_logits, targets[mask], reduction="none")
-
-
 # Causal LMs whose logits are exactly lm_head(last hidden state): for them the head (a [V, D]
 # matmul, ~20 % of a 135M model's forward) runs on the scored positions only, in fp32. Others
 # (logit soft-capping, scaled logits) go through their own forward.

@@ -10,6 +10,8 @@ ZENEDGE_LLAMA_BENCH     a built llama.cpp `llama-bench`, a peer row in `zenedge 
 ZENEDGE_KEEP_ALIVE      seconds; overrides the config's server.keep_alive (0: the CLI never starts a daemon)
 ZENEDGE_THREADS         "auto" or N; overrides the config's runtime.threads (runtime/threads.py)
 OMP_NUM_THREADS         read, not set: a cap on what "auto" threads may use (as torch takes it)
+ZENEDGE_KERNEL_NO_SPLIT_K  set: the CUDA BitDelta kernels never split K (a driver found unsafe with it)
+ZENEDGE_REGISTRY_LOG    set: `zenedge registry serve` logs every request
 """
 
 from __future__ import annotations
@@ -130,3 +132,24 @@ def omp_threads_from_env() -> int | None:
     """OMP_NUM_THREADS as a count, where it is set to one (OpenMP's own syntax allows lists)."""
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
+def split_k_disabled() -> bool:
+    """ZENEDGE_KERNEL_NO_SPLIT_K is set: kernels/bitdelta/autotune.py leaves out split-K configs."""
+    return bool(os.environ.get("ZENEDGE_KERNEL_NO_SPLIT_K"))
+
+
+def registry_log_requests() -> bool:
+    """ZENEDGE_REGISTRY_LOG is set: the registry's file server logs each request (quiet otherwise)."""
+    return bool(os.environ.get("ZENEDGE_REGISTRY_LOG"))
+
+
+def scratch_environment(root: str | Path, config: str) -> dict[str, str]:
+    """This process's environment pointed at a throwaway zenedge under `root`: its own home, config
+    file (written with `config`) and socket directory, no daemon kept alive, so a benchmark's child
+    processes never touch the user's pool or daemon."""
+    env = {**os.environ, "ZENEDGE_HOME": f"{root}/home", "ZENEDGE_CONFIG": f"{root}/config.toml",
+           "XDG_RUNTIME_DIR": f"{root}/run", "ZENEDGE_KEEP_ALIVE": "0"}
+    Path(env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700)
+    Path(env["ZENEDGE_CONFIG"]).write_text(config)
+    return env

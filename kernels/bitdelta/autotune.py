@@ -1,26 +1,23 @@
 """Pick a KernelConfig per problem shape: benchmark the pruned candidates once on CUDA, cache.
 
 On CPU tensors (the Triton interpreter, CI) there is nothing to time: the small interpreter
-configs are used. Winners can be saved to / loaded from JSON so a tuned GPU ships its choices.
+configs are used.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Callable
 
 import torch
+
+from zenedge.paths import split_k_disabled
 
 from .configs import (DECODE_ROWS, INTERPRET_DECODE, INTERPRET_PREFILL, KernelConfig, decode_candidates,
                       prefill_candidates)
 
 _BEST: dict[str, KernelConfig] = {}
-# Predicates that veto configs (e.g. a GPU check that found split-K unsafe on some driver).
+# Predicates that veto configs (e.g. a GPU check that found some unsafe on this driver).
 EXCLUDE: list[Callable[[KernelConfig], bool]] = []
-if os.environ.get("ZENEDGE_KERNEL_NO_SPLIT_K"):
-    EXCLUDE.append(lambda cfg: cfg.split_k > 1)
 
 
 def _bucket(m: int) -> int:
@@ -40,7 +37,9 @@ def candidates(m: int, n: int, k: int, device: torch.device, grouped: bool = Fal
         found = decode_candidates(n, k, num_sms, grouped)
     else:
         found = prefill_candidates(m, n, k, num_sms, grouped)
-    kept = [cfg for cfg in found if not any(veto(cfg) for veto in EXCLUDE)]
+    no_split_k = split_k_disabled()
+    kept = [cfg for cfg in found
+            if not (no_split_k and cfg.split_k > 1) and not any(veto(cfg) for veto in EXCLUDE)]
     return kept or found[:1]
 
 
@@ -71,12 +70,3 @@ def choose(key: str, options: list[KernelConfig], run: Callable[[KernelConfig], 
 def chosen() -> dict[str, KernelConfig]:
     """The configs picked so far in this process (key -> config)."""
     return dict(_BEST)
-
-
-def save_tuning(path: str | Path) -> None:
-    Path(path).write_text(json.dumps({k: v.as_dict() for k, v in sorted(_BEST.items())}, indent=1))
-
-
-def load_tuning(path: str | Path) -> None:
-    for key, fields in json.loads(Path(path).read_text()).items():
-        _BEST[key] = KernelConfig(**fields)

@@ -11,7 +11,7 @@ while the other's wgmma does; larger 8-warp tiles amortise the expansion over mo
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 DECODE_ROWS = 16          # M at or below this takes the decode layout
 # Grouped decode unrolls one slot per distinct delta inside the K loop (base rows need none), so
@@ -35,9 +35,6 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     slots: int | None = None           # grouped decode: slot accumulators per program (None: by block_k)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _decode(bn, bk, split, stages=3, slots=None):

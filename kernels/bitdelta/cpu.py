@@ -7,8 +7,8 @@ No dense S or W + α⊙S is ever built for a whole layer; two strategies, picked
 - larger M (prefill): chunks of output rows of W_hat = W + α⊙S are rebuilt in fp32 and go
   through one matmul each, so the unpack is paid once per weight and amortised over M rows.
 
-Hot variants can skip the unpacking: ``signs_linear`` takes a pre-unpacked int8 ±1 matrix, and
-``reconstruct_weight`` builds the dense W + α⊙S once for a plain F.linear.
+Hot variants can skip the unpacking: ``reconstruct_weight`` builds the dense W + α⊙S once for a
+plain F.linear.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from .grouping import group_rows
 
 LUT_MAX_ROWS = 8                   # above this, rebuilding W_hat chunks and one matmul is cheaper
 _CHUNK_ELEMENTS = 1 << 20          # ~4 MB of fp32 temporaries per chunk, whatever the layer size
-_BIT_MASKS = 1 << torch.arange(8, dtype=torch.uint8)
 _BYTE_SIGNS: dict[torch.dtype, torch.Tensor] = {}
 _OFFSETS: dict[int, torch.Tensor] = {}
 
@@ -50,11 +49,6 @@ def _check(x, weight, packed, alpha):
         raise ValueError(f"alpha must end in {weight.shape[0]}, got {tuple(alpha.shape)}")
 
 
-def _bits(chunk: torch.Tensor, in_features: int) -> torch.Tensor:
-    """uint8 [c, KB] -> bool [c, in] (bit set = +1)."""
-    return ((chunk[:, :, None] & _BIT_MASKS) != 0).view(chunk.shape[0], -1)[:, :in_features]
-
-
 def _byte_offsets(width: int) -> torch.Tensor:
     """[KB] int32: first table row of each byte position (kb * 256), cached per width."""
     offsets = _OFFSETS.get(width)
@@ -72,7 +66,7 @@ def sign_products(x: torch.Tensor, packed: torch.Tensor, in_features: int) -> to
         x32 = F.pad(x32, (0, width * 8 - in_features))                   # zero pad to whole bytes
     table = torch.bmm(x32.view(m, width, 8).transpose(0, 1), _byte_signs(torch.float32).expand(width, 8, 256))
     # Fresh buffer, not .contiguous(): for M = 1 that keeps a stride of 256 on the size-1 dim and
-    # sends embedding_bag down a path 20x slower.
+    # sends embedding_bag down a far slower path.
     table = torch.empty(width * 256, m).copy_(table.transpose(1, 2).reshape(width * 256, m))   # [kb*256+v, M]
     offsets = _byte_offsets(width)
     step = _rows_per_chunk(width * 2)
@@ -92,7 +86,7 @@ def weight_chunks(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tenso
     step = _rows_per_chunk(packed.shape[1] * 8)
     for start in range(0, out_features, step):
         chunk = packed[start:start + step]
-        # One table gather per byte (8 signs at once) beats shift/and/compare/select passes 2-3x.
+        # One table gather per byte (8 signs at once) beats shift/and/compare/select passes.
         signs = F.embedding(chunk.to(torch.int32), signs_of_byte).view(chunk.shape[0], -1)[:, :in_features]
         w_hat = torch.addcmul(weight[start:start + step].float(), signs, alpha[start:start + step].float()[:, None])
         yield start, w_hat.to(dtype)
@@ -147,29 +141,7 @@ def _finish(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-# ---- pre-unpacked forms for hot variants ----------------------------------------------------------
-
-def unpack_signs_int8(packed: torch.Tensor, in_features: int) -> torch.Tensor:
-    """int8 ±1 [out, in] (1 byte per weight, 8x the packed size): the input of ``signs_linear``."""
-    out_features, width = packed.shape
-    signs = torch.empty(out_features, in_features, dtype=torch.int8)
-    step = _rows_per_chunk(width * 8)
-    for start in range(0, out_features, step):
-        signs[start:start + step] = _bits(packed[start:start + step], in_features).to(torch.int8) * 2 - 1
-    return signs
-
-
-def signs_linear(x: torch.Tensor, weight: torch.Tensor, signs: torch.Tensor, alpha: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x[M, in] · (W + α⊙S)ᵀ (+b) with S as int8 ±1 [out, in]; chunked, returns x.dtype."""
-    y = F.linear(x, weight, bias).float()
-    xf = x.float()
-    step = _rows_per_chunk(signs.shape[1])
-    for start in range(0, signs.shape[0], step):
-        part = xf @ signs[start:start + step].float().T                       # [M, c]
-        y[:, start:start + step].addcmul_(part, alpha[start:start + step].float())
-    return y.to(x.dtype)
-
+# ---- the dense form for hot variants -------------------------------------------------------------
 
 def reconstruct_weight(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor, *,
                        dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -3,11 +3,9 @@
  * out[b, h] = softmax(scale · q[b, h]·K[b, h/G, :n_b]ᵀ) · V[b, h/G, :n_b], G = H / H_kv query heads
  * per KV head (grouped-query attention: each KV head's keys are read once for its G queries), n_b =
  * lengths[b]: each row attends over its own first n_b cached positions, nothing after them.
- * torch's SDPA spends most of its time on one query per row in set-up: this kernel takes ~8 µs at
- * 64 cached positions where SDPA takes ~13-18 (9 query heads over 3 KV heads of 64, one thread);
- * its Python wrapper's checks and allocation bring that to a tie in isolation, and it still saves
- * ~0.5 ms per decode step in the model, 1.2× at 2000 positions (BENCHMARKS.md, 2026-11-30). The
- * softmax uses lanes.h's vectorised e^x.
+ * torch's SDPA spends most of its time on one query per row in set-up, which this kernel does not
+ * have (BENCHMARKS.md compares the two, alone and in the model's decode step). The softmax uses
+ * lanes.h's vectorised e^x.
  *
  * A row's result depends on its own query, keys, values and length only, summed in the same order
  * whatever the other rows are or how long they are: a request decodes the same alone as in a batch

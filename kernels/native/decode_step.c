@@ -2,8 +2,8 @@
  *
  * Once the matmuls stream at memory speed, what is left of a step is glue: per layer some fifty
  * small torch ops and Python calls between the kernels (RMSNorm, the stacked q/k/v product, rope,
- * the KV writes, attention, o, the residual adds, gate/up, SiLU·up, down), ~4 ms of a ~10 ms step
- * for SmolLM2-135M. Here the same steps run back to back in C, calling the same kernels
+ * the KV writes, attention, o, the residual adds, gate/up, SiLU·up, down), a large share of a small
+ * model's step (BENCHMARKS.md). Here the same steps run back to back in C, calling the same kernels
  * (rms_norm.c, int4_gemv.c, lora_add.c, sign_add.c, decode_attention.c) with the same arguments, and doing the
  * glue with the same roundings as the torch ops it replaces:
  *   - rope: x·cos + roll(x, D/2)·sin with sin's first half negated, a multiply, a multiply, an add

@@ -13,8 +13,8 @@
  *     row of W: 32 products per instruction, shared unpacking, no horizontal sums;
  *   - per group of 32 inputs W = (q - 8)·s + z, so Σ x·W = s·Σ x(128 + q) + (z - 136 s)·Σ x: per
  *     group two FMAs for 16 rows (its scales s and its zero terms against the group sum of x).
- *     The dot products of the low and the high nibbles run in two chains (an instruction waits on
- *     the one before in its chain), added before the scale: 0.85-0.91x the time of one chain.
+ *     The dot products of the low and the high nibbles run in two chains, added before the scale:
+ *     an instruction waits on the one before in its chain, so two chains keep more of them in flight.
  *
  * Decode streams every weight from memory, so bytes decide: scales and zeros stay bf16 (4 bytes
  * per 32 weights, as torch's kernel reads).
@@ -47,8 +47,8 @@
 #define MAX_TILE 4
 #endif
 
-/* Software prefetches of the weights ahead go to L2, not L1: on an AMD EPYC core, 30 layers' worth
-   in 2 MB pages streamed in 4.7 ms with L1 prefetches and 4.2 ms with L2 ones (2026-12-01). */
+/* Software prefetches of the weights ahead go to L2, not L1: the weights stream faster so (the
+   prefetch level mattered, the distance did not: BENCHMARKS.md). */
 #define BLOCKS_AHEAD 2
 
 /* The end of group g for MC rows of x: acc += (dot + dot_b)·s, acc += (z - 136 s)·Σx, with s and z
@@ -221,7 +221,7 @@ int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scal
     for (int64_t b = 0; b < N / ROWS; b++) {
         const uint8_t *c = codes + b * block_bytes;
         /* the blocks ahead, streamed into L2 while this one is used (the hardware prefetcher alone
-           left a model's worth 1.3× slower, 2026-11-30); the last blocks prefetch themselves */
+           falls behind the stream); the last blocks prefetch themselves */
         const uint8_t *ahead = b + BLOCKS_AHEAD < N / ROWS ? c + BLOCKS_AHEAD * block_bytes : c;
         const uint16_t *s = scale + b * block_scales, *z = zero + b * block_scales;
         for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {

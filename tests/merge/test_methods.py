@@ -9,7 +9,7 @@ from zenedge.merge.errors import IncompatibleAdapters, InvalidMergeOption, NonFi
 from zenedge.merge.factors import LoraFactors
 from zenedge.merge.kmerge_linear import kmerge_linear, running_average_weights
 from zenedge.merge.methods import MERGE_METHODS, merge
-from zenedge.merge.opcm import opcm_merge
+from zenedge.merge.opcm import opcm_fold
 from zenedge.merge.soups import monosoup, svd_soup
 from zenedge.merge.sparse_merges import dare_merge, ties_merge
 
@@ -276,7 +276,7 @@ def test_opcm_entries_agree_with_each_other_and_the_dense_fold():
     adapters = [random_adapter(40 + i, rank=2, scale=0.3 * (i + 1)) for i in range(3)]
     low = merge("opcm", adapters, max_rank=None, alpha=0.3)
     high = merge("opcm-dense", adapters, max_rank=None, alpha=0.3)
-    reference = opcm_merge([dense(a) for a in adapters], 0.3)
+    reference = opcm_fold([dense(a) for a in adapters], 0.3).merged
     assert low.details["lam"] == pytest.approx(high.details["lam"], rel=1e-10)
     assert len(low.details["energy_kept_per_step"]) == 3
     for name, d in reference.items():

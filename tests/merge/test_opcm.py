@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zenedge.merge.errors import IncompatibleAdapters, InvalidMergeOption, NonFiniteValues
-from zenedge.merge.opcm import opcm_fold, opcm_init, opcm_merge, opcm_step, project_dense, task_vector_norm
+from zenedge.merge.opcm import opcm_fold, opcm_init, opcm_step, project_dense, task_vector_norm
 
 from .helpers import seeds
 
@@ -63,7 +63,7 @@ def test_thin_projection_equals_fusionbench_full_matrix_form_on_full_rank(seed, 
 
 @settings(max_examples=15, deadline=None)
 @given(seed=seeds, count=st.integers(min_value=2, max_value=4), alpha=alphas)
-def test_opcm_merge_equals_fusionbench_loop(seed, count, alpha):
+def test_opcm_fold_equals_fusionbench_loop(seed, count, alpha):
     task_vectors = [random_task_vector(seed + i) for i in range(count)]
     expected, expected_lam = fusionbench_fold(task_vectors, alpha)
     state = opcm_fold(task_vectors, alpha)
@@ -130,7 +130,7 @@ def test_inputs_and_earlier_states_are_never_written():
     first = opcm_init(task_vectors[0])
     first_merged = {k: v.clone() for k, v in first.merged.items()}
     opcm_step(opcm_step(first, task_vectors[1]), task_vectors[2])
-    result = opcm_merge(task_vectors)
+    result = opcm_fold(task_vectors).merged
     result["p0"].add_(1.0)  # the result must not alias an input
     for tv, snap in zip(task_vectors, before):
         for k in tv:
@@ -143,8 +143,8 @@ def test_missing_entries_count_as_zero():
     a = random_task_vector(30, shapes=((4, 3), (5,)))
     b = random_task_vector(31, shapes=((4, 3),))
     c = {"p0": torch.zeros(4, 3, dtype=torch.float64), "p1": torch.randn(5, dtype=torch.float64)}
-    sparse = opcm_merge([b, a, c])
-    filled = opcm_merge([{**b, "p1": torch.zeros(5, dtype=torch.float64)}, a, c])
+    sparse = opcm_fold([b, a, c]).merged
+    filled = opcm_fold([{**b, "p1": torch.zeros(5, dtype=torch.float64)}, a, c]).merged
     for k in filled:
         torch.testing.assert_close(sparse[k], filled[k])
 
@@ -161,13 +161,13 @@ def test_all_zero_task_vectors_give_zero_not_nan():
 def test_bad_inputs_are_rejected():
     a = random_task_vector(40)
     with pytest.raises(InvalidMergeOption):
-        opcm_merge([])
+        opcm_fold([])
     for alpha in (-0.1, 1.0, 2.0):
         with pytest.raises(InvalidMergeOption):
-            opcm_merge([a, a], alpha)
+            opcm_fold([a, a], alpha)
     bad = {k: v.clone() for k, v in a.items()}
     bad["p1"][0, 0] = float("nan")
     with pytest.raises(NonFiniteValues, match="p1"):
-        opcm_merge([a, bad])
+        opcm_fold([a, bad])
     with pytest.raises(IncompatibleAdapters, match="p0"):
-        opcm_merge([a, {"p0": torch.zeros(2, 2, dtype=torch.float64)}])
+        opcm_fold([a, {"p0": torch.zeros(2, 2, dtype=torch.float64)}])

@@ -1,10 +1,10 @@
 """The CLI's client for the daemon: stdlib http.client over an injected transport.
 
-The transport decides where bytes go (a Unix socket, or loopback TCP with a bearer token); the
-client knows the endpoints and turns the wire's `{"error": {"code", ...}}` back into the error the
-daemon raised, through the one error table (zenedge.errors.from_wire), so a command fails with the
-same message and exit code whether it ran locally or through the daemon. Request bodies follow zenedge.api.wire (a test
-validates every body built here against those types).
+The transport decides where bytes go (the CLI's is the daemon's Unix socket); the client knows
+the endpoints and turns the wire's `{"error": {"code", ...}}` back into the error the daemon
+raised, through the one error table (zenedge.errors.from_wire), so a command fails with the same
+message and exit code whether it ran locally or through the daemon. Request bodies follow
+zenedge.api.wire (a test validates every body built here against those types).
 """
 
 from __future__ import annotations
@@ -56,21 +56,6 @@ class UnixTransport:
 
     def __repr__(self) -> str:
         return f"unix:{self.path}"
-
-
-class TcpTransport:
-    def __init__(self, host: str, port: int, token: str):
-        self.host, self.port, self.token = host, port, token
-        self.host_header = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-
-    def connection(self, timeout: float) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
-
-    def __repr__(self) -> str:
-        return f"http://{self.host_header}"
 
 
 def error_from_wire(status: int, body: Any) -> ZenedgeError:
@@ -150,9 +135,6 @@ class DaemonClient:
     def health(self, timeout: float | None = None) -> dict:
         return self._json("GET", "/health", timeout=timeout)
 
-    def models(self) -> dict:
-        return self._json("GET", "/v1/models")
-
     def chat(self, body: dict) -> dict:
         return self._json("POST", "/v1/chat/completions", {**body, "stream": False})
 
@@ -166,17 +148,11 @@ class DaemonClient:
     def complete_stream(self, body: dict) -> Iterator[dict]:
         return self._events("/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}})
 
-    def list(self) -> dict:
-        return self._json("GET", "/api/list")
-
     def ps(self) -> dict:
         return self._json("GET", "/api/ps")
 
     def rm(self, name: str) -> dict:
         return self._json("POST", "/api/rm", {"name": name})
-
-    def budget(self) -> dict:
-        return self._json("GET", "/api/budget")
 
     def set_budget(self, size: str, dry_run: bool = False) -> dict:
         return self._json("PUT", "/api/budget", {"size": size, "dry_run": dry_run})
@@ -208,9 +184,6 @@ class DaemonClient:
     def compress(self, **fields: Any) -> Iterator[dict]:
         """Like `pull` (Unix socket only: the daemon reads the files; absolute paths)."""
         return self._progress("/api/compress", {**fields, "stream": True})
-
-    def pool(self) -> dict:
-        return self._json("GET", "/api/pool")
 
     def maintain(self) -> dict:
         return self._json("POST", "/api/pool")

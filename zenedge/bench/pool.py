@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from zenedge import paths
 from zenedge.bench import load
 
 BUDGET_PROFILES = 3.5
@@ -63,11 +62,8 @@ def run(*, threads: int | None = None, first: str = "arith", mode: str = "cli",
     names = [first] + [p["name"] for p in profiles if p["name"] != first]
     budget = int(BUDGET_PROFILES * statistics.median(p["size"] for p in profiles))
     with tempfile.TemporaryDirectory(prefix="zenedge-bench-pool-") as tmp, contextlib.ExitStack() as stack:
-        env = {**os.environ, "ZENEDGE_HOME": f"{tmp}/home", "ZENEDGE_CONFIG": f"{tmp}/config.toml",
-               "ZENEDGE_THREADS": str(threads or "auto"), "XDG_RUNTIME_DIR": f"{tmp}/run",
-               "ZENEDGE_KEEP_ALIVE": "0" if mode == "local" else "300"}
-        Path(env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700)
-        Path(env["ZENEDGE_CONFIG"]).write_text('[runtime]\ndevice = "cpu"\n')
+        env = {**paths.scratch_environment(tmp, '[runtime]\ndevice = "cpu"\n'),
+               "ZENEDGE_THREADS": str(threads or "auto"), "ZENEDGE_KEEP_ALIVE": "0" if mode == "local" else "300"}
         start = time.perf_counter()
         seconds, _ = _zenedge(["base", "list"], env)  # a process's fixed cost: imports, no model
         pulls = []

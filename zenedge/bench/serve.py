@@ -17,7 +17,6 @@ profile serves one warm-up request first, so the numbers are a hot daemon's.
 
 from __future__ import annotations
 
-import os
 import secrets
 import socket
 import statistics
@@ -29,6 +28,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Callable
 
+from zenedge import paths
 from zenedge.bench.pool import _serving, _zenedge
 
 CLIENTS = (1, 4, 8, 16)
@@ -71,12 +71,9 @@ def run(*, clients: tuple[int, ...] = CLIENTS, tokens: int = TOKENS, log: Callab
     most = max(clients)
     with tempfile.TemporaryDirectory(prefix="zenedge-bench-serve-") as tmp:
         port = _free_port()
-        env = {**os.environ, "ZENEDGE_HOME": f"{tmp}/home", "ZENEDGE_CONFIG": f"{tmp}/config.toml",
-               "XDG_RUNTIME_DIR": f"{tmp}/run", "ZENEDGE_KEEP_ALIVE": "0", "ZENEDGE_TOKEN": secrets.token_hex(16)}
-        Path(env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700)
-        Path(env["ZENEDGE_CONFIG"]).write_text(
-            f'[runtime]\ndevice = "cpu"\n\n[pool]\nbudget = "4GiB"\nmax_adapters = {most + 1}\n\n'
-            f'[server]\ntcp = "127.0.0.1:{port}"\n')
+        config = (f'[runtime]\ndevice = "cpu"\n\n[pool]\nbudget = "4GiB"\nmax_adapters = {most + 1}\n\n'
+                  f'[server]\ntcp = "127.0.0.1:{port}"\n')
+        env = {**paths.scratch_environment(tmp, config), "ZENEDGE_TOKEN": secrets.token_hex(16)}
         log("pulling writer into a fresh home (converts the default base once)")
         _zenedge(["pull", "writer"], env)
         profiles = _make_profiles(Path(tmp), Path(env["ZENEDGE_HOME"]), Path(env["ZENEDGE_CONFIG"]), most, log)

@@ -18,7 +18,6 @@ taken minutes apart on the same machine:
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import tempfile
@@ -27,13 +26,14 @@ from datetime import date
 from pathlib import Path
 from typing import Any, Callable
 
+from zenedge import paths
 from zenedge.bench.load import background_load, describe
 from zenedge.bench.pool import _serving, _zenedge
 
 SETTINGS = ("auto", 1)
 PROMPT_TOKENS = 512
 DECODE_TOKENS = 128
-REPEATS = 3               # best of: a decode of 128 tokens is ~1 s, and this machine's noise is ±15 %
+REPEATS = 3               # best of: single short runs on a shared machine are noisy
 GATE_PROFILES = ("csvx", "jsonx", "writer")
 GATE_EXAMPLES = 8
 IMPORTED = "csvx"          # imported into a pool whose one slot holds `writer`: the gate decides a merge
@@ -46,11 +46,8 @@ def run(*, load: int = 1, rounds: int = 2, log: Callable[[str], None] = print) -
     profiles = embedded_root()
     machine = _machine()          # before any measurement switches the thread policy
     with tempfile.TemporaryDirectory(prefix="zenedge-bench-load-") as tmp:
-        env = {**os.environ, "ZENEDGE_HOME": f"{tmp}/home", "ZENEDGE_CONFIG": f"{tmp}/config.toml",
-               "XDG_RUNTIME_DIR": f"{tmp}/run", "ZENEDGE_KEEP_ALIVE": "0"}
+        env = paths.scratch_environment(tmp, '[runtime]\ndevice = "cpu"\n\n[pool]\nmax_adapters = 1\n')
         env.pop("ZENEDGE_THREADS", None)
-        Path(env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700)
-        Path(env["ZENEDGE_CONFIG"]).write_text('[runtime]\ndevice = "cpu"\n\n[pool]\nmax_adapters = 1\n')
         log("pulling writer into a fresh home (converts the default base once)")
         _zenedge(["pull", "writer"], env)
         snapshot = Path(tmp) / "snapshot"

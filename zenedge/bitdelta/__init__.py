@@ -10,7 +10,7 @@ Names load lazily, so ``import zenedge.bitdelta.errors`` stays torch-free.
 
 from __future__ import annotations
 
-import importlib
+from zenedge.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "pack_signs": "packing", "unpack_signs": "packing", "compress": "packing", "decompress": "packing",
@@ -24,12 +24,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'zenedge.bitdelta' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,15 +1,14 @@
 """Finding a running daemon from the CLI, cheaply, and starting one for `pull`, `import` and `run`.
 
 Commands that can go through the daemon (run, pull, rm, budget set, ps) call `find_daemon()`. It costs
-a stat of the socket path when no daemon runs (~5 ms of imports, well under 1 ms), and one /health
-round trip over the socket (short timeout) when one does; it imports only the stdlib client (no
-httpx, pydantic, FastAPI or torch).
+a stat of the socket path when no daemon runs, and one /health round trip over the socket (short
+timeout) when one does; it imports only the stdlib client (no httpx, pydantic, FastAPI or torch).
 
 `pull`, `import` and `run` go further (`find_or_start_daemon`): with no daemon up they start one in the
 background that exits after `server.keep_alive` seconds with nothing to do (Ollama's keep-alive, 5
-minutes by default). A fresh process pays ~6 s of imports and base load before a merge's quality
-gate reads its first row, or a generation its first token; a daemon pays them once, and the next
-commands in those minutes start at once (BENCHMARKS.md, "The pool at interactive speed").
+minutes by default). A fresh process pays for its imports and the base load before a merge's
+quality gate reads its first row, or a generation its first token; a daemon pays them once, and the
+next commands in those minutes start at once (BENCHMARKS.md, "The pool at interactive speed").
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     from zenedge.api.client import DaemonClient
 
 HEALTH_TIMEOUT = 1.0
-START_TIMEOUT = 60.0   # a cold start imports torch and FastAPI: ~2.5 s here, far more on a loaded laptop
+START_TIMEOUT = 60.0   # a cold start imports torch and FastAPI: seconds, far more on a loaded laptop
 RACE_WAIT = 5.0        # after our daemon exited (another command's won the home): how long to wait for that one
 
 
@@ -41,7 +40,7 @@ def find_daemon(cfg: Config | None = None, timeout: float = HEALTH_TIMEOUT) -> D
     path = discovery.socket_for(cfg).path
     if not path.exists():
         return None
-    from zenedge.api.client import DaemonClient, UnixTransport  # http.client costs ~30 ms: only with a socket
+    from zenedge.api.client import DaemonClient, UnixTransport  # http.client is a slow import: only with a socket
 
     client = DaemonClient(UnixTransport(str(path)))
     try:
@@ -86,7 +85,7 @@ def start_daemon(cfg: Config, seconds: float, say: Callable[[str], None]) -> Dae
     with log:
         process = subprocess.Popen(
             [sys.executable, "-m", "zenedge.cli", "serve", "--idle-exit", f"{seconds:g}", "--log-level", "warning"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=dict(os.environ))
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline, exited_at = time.monotonic() + START_TIMEOUT, None
     while time.monotonic() < deadline:
         client = find_daemon(cfg)

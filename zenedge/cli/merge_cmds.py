@@ -7,14 +7,13 @@ import click
 from zenedge.cli.context import load_config
 from zenedge.cli.output import json_option, print_json
 from zenedge.cli.progress import PoolProgress
+from zenedge.merge.methods import MERGE_METHODS
 from zenedge.sizes import format_size
-
-METHODS = ["opcm", "opcm-dense", "kmerge-linear", "ties", "dare", "dare-ties", "monosoup", "svd-soup"]
 
 
 @click.command("merge")
 @click.argument("names", nargs=-1, required=True)
-@click.option("--method", type=click.Choice(METHODS), default="opcm", show_default=True,
+@click.option("--method", type=click.Choice(list(MERGE_METHODS)), default="opcm", show_default=True,
               help="monosoup edits one adapter; the others merge two or more.")
 @click.option("--force", is_flag=True, help="Keep the merge even if a member falls below pool.quality_threshold.")
 @json_option

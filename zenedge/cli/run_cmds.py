@@ -27,7 +27,7 @@ def run(name: str, prompt: str, max_tokens: int, temperature: float, top_p: floa
     from zenedge.cli.daemon import find_or_start_daemon, run_through_daemon
 
     cfg = load_config()
-    # A first `run` in a fresh home converts the default base (~30 s, its progress shown here); a
+    # A first `run` in a fresh home converts the default base (slow, its progress shown here); a
     # daemon would do that silently, so one is started only once the store has a base.
     daemon = find_or_start_daemon(cfg, say=lambda line: click.echo(line, err=True),
                                   start=bool(open_store().bases()))

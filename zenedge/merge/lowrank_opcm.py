@@ -52,6 +52,7 @@ from zenedge.merge.product_svd import (
     truncate_all,
 )
 from zenedge.merge.projection import removed_couplings, require_alpha, split_rank
+from zenedge.merge.result import MergeResult, RankCap, merge_method, resolve_rank_cap
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,17 @@ def lowrank_opcm_fold(
     for tau in adapters[1:]:
         state = lowrank_opcm_step(state, tau, alpha, max_rank)
     return state
+
+
+@merge_method("opcm", min_adapters=1)
+def opcm_lowrank(adapters: Sequence[Adapter], *, alpha: float = 0.5, max_rank: RankCap = "member") -> MergeResult:
+    """Low-rank OPCM over the adapters in order, truncated to the cap after every step."""
+    alpha = require_alpha(alpha)
+    cap = resolve_rank_cap(max_rank, adapters)
+    state = lowrank_opcm_init(adapters[0], cap)
+    energy_per_step = [state.truncation.energy_kept_overall]
+    for tau in adapters[1:]:
+        state = lowrank_opcm_step(state, tau, alpha, cap)
+        energy_per_step.append(state.truncation.energy_kept_overall)
+    details = {"alpha": alpha, "lam": state.lam, "norms": list(state.norms), "energy_kept_per_step": energy_per_step}
+    return MergeResult("opcm", state.merged, state.truncation, details)

@@ -10,7 +10,7 @@ vectors given as `dict[str, Tensor]` (τ = W_task − W_base per parameter):
                   Ŝ = λ_{t−1} Δ_{t−1} + τ̃
                   λ_t = ‖Ŝ‖ / a_t,  Δ_t = Ŝ / λ_t    (so ‖Δ_t‖ = a_t)
 
-`OPCMState` is the resumable state (Δ, λ, the norms; count = len(norms)); `opcm_merge` is a
+`OPCMState` is the resumable state (Δ, λ, the norms; count = len(norms)); `opcm_fold` is a
 fold of `opcm_step` over `opcm_init`. Nothing is mutated: every step returns a new state.
 
 Differences from FusionBench, each on purpose:
@@ -35,9 +35,10 @@ import torch
 from torch import Tensor
 
 from zenedge.merge.errors import IncompatibleAdapters, InvalidMergeOption
-from zenedge.merge.factors import compute_dtype, require_finite_tensor
-from zenedge.merge.product_svd import dense_svd, nonzero_count
+from zenedge.merge.factors import Adapter, compute_dtype, require_finite_tensor
+from zenedge.merge.product_svd import dense_svd, nonzero_count, truncate_all
 from zenedge.merge.projection import removed_couplings, require_alpha, split_rank
+from zenedge.merge.result import MergeResult, RankCap, merge_method, resolve_rank_cap
 
 TaskVector = Mapping[str, Tensor]
 Projected = Callable[[str, Tensor], bool]
@@ -138,23 +139,14 @@ def _aligned(name: str, delta: Tensor | None, task: Tensor | None) -> tuple[Tens
     return delta.to(dtype), task.to(dtype)
 
 
-def opcm_merge(
-    task_vectors: Sequence[TaskVector],
-    alpha: float = 0.5,
-    *,
-    is_projected: Projected = project_2d,
-) -> dict[str, Tensor]:
-    """Sequential OPCM over `task_vectors` in order; returns Δ_T (‖Δ_T‖ = mean ‖τ_i‖)."""
-    return opcm_fold(task_vectors, alpha, is_projected=is_projected).merged
-
-
 def opcm_fold(
     task_vectors: Sequence[TaskVector],
     alpha: float = 0.5,
     *,
     is_projected: Projected = project_2d,
 ) -> OPCMState:
-    """Like opcm_merge, but returns the final state so the merge can be continued later."""
+    """Sequential OPCM over `task_vectors` in order; the final state (Δ_T in `merged`, ‖Δ_T‖ = mean ‖τ_i‖)
+    can be continued later."""
     if not task_vectors:
         raise InvalidMergeOption("OPCM needs at least one task vector")
     require_alpha(alpha)
@@ -162,3 +154,15 @@ def opcm_fold(
     for tau in task_vectors[1:]:
         state = opcm_step(state, tau, alpha, is_projected=is_projected)
     return state
+
+
+@merge_method("opcm-dense", min_adapters=1)
+def opcm_dense(adapters: Sequence[Adapter], *, alpha: float = 0.5, max_rank: RankCap = "member") -> MergeResult:
+    """Dense OPCM on each adapter's ΔW = s·B·A, truncated to the cap once at the end."""
+    alpha = require_alpha(alpha)
+    cap = resolve_rank_cap(max_rank, adapters)
+    task_vectors = [{name: f.delta() for name, f in adapter.items()} for adapter in adapters]
+    state = opcm_fold(task_vectors, alpha)
+    factors, report = truncate_all({name: dense_svd(d) for name, d in state.merged.items()}, cap)
+    details = {"alpha": alpha, "lam": state.lam, "norms": list(state.norms)}
+    return MergeResult("opcm-dense", factors, report, details)

@@ -70,7 +70,6 @@ def merge_method(name: str, *, min_adapters: int = 1, max_adapters: int | None =
                 raise NonFiniteValues(f"{err.message} (inputs were finite: the merge overflowed)") from None
             return result
 
-        checked.method_name = name  # type: ignore[attr-defined]
         return checked
 
     return wrap

@@ -23,10 +23,9 @@ answers a query with two small Gram products per (member, shared module). `lora_
 `rank_by_similarity` are one-off uses of the same code.
 
 Why numpy in the inner loop: the products are tiny (576×8 by 576×8), so per-call overhead
-dominates, and numpy's is about a third of torch's (measured 14 µs against 38 µs a pair).
-Why no stacking of the pool into [n, out, r] batches: the copy costs more than the queries a
-pool sees (measured 1.25 s to stack 100 smollm2-sized adapters, mostly page faults on fresh
-memory, against 0.13 s a batched query), and doubles the memory the pool takes.
+dominates, and numpy's is a fraction of torch's (README.md beside this file has the numbers).
+Why no stacking of the pool into [n, out, r] batches: the copy (mostly page faults on fresh
+memory) costs more than the queries a pool sees, and doubles the memory the pool takes.
 """
 
 from __future__ import annotations
@@ -99,17 +98,6 @@ def _mean_cosine(x: dict[str, _Module], y: dict[str, _Module]) -> float:
         total += _cosine(mx, my)
         shared += 1
     return total / shared if shared else 0.0
-
-
-def module_cosines(a: Adapter, b: Adapter) -> dict[str, float]:
-    """cos(flat ΔW_a, flat ΔW_b) per shared module, in a's module order."""
-    x, y = _prepared(a, "first adapter"), _prepared(b, "second adapter")
-    out = {}
-    for name, mx in x.items():
-        if name in y:
-            _require_same_shape(name, mx, y[name])
-            out[name] = _cosine(mx, y[name])
-    return out
 
 
 def lora_cosine(a: Adapter, b: Adapter) -> float:

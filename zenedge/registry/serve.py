@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
 import re
 from pathlib import Path
+
+from zenedge.paths import registry_log_requests
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 
@@ -43,7 +44,7 @@ class RangeRequestHandler(http.server.SimpleHTTPRequestHandler):
         return _Limited(handle, end - start + 1)
 
     def log_message(self, format, *args):  # quiet unless asked
-        if os.environ.get("ZENEDGE_REGISTRY_LOG"):
+        if registry_log_requests():
             super().log_message(format, *args)
 
 

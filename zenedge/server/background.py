@@ -2,34 +2,22 @@
 maintenance every `pool.maintain_interval` seconds.
 
 The config file is polled (mtime, size, inode): cheap, portable, and it sees editors that replace
-the file. A broken edit is logged and ignored; the config in force stays in force. Maintenance
-itself (`zenedge.pool.maintain.maintain`) is imported when first needed, so the daemon runs, and
-says so, on builds that do not have it yet.
+the file. A broken edit is logged and ignored; the config in force stays in force.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from zenedge import config as config_mod
 from zenedge.errors import Conflict, ZenedgeError
-from zenedge.server.errors import NotAvailableYet
 from zenedge.server.state import DaemonState
 
 log = logging.getLogger("zenedge.server")
-
-
-def optional(module: str, name: str, what: str) -> Callable[..., Any]:
-    """A function from a part of zenedge that may not be installed yet; 501 when it is not."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise NotAvailableYet(f"{what} is not available in this build of zenedge ({module}.{name}: {exc})") from None
 
 
 def _signature(path: Path) -> tuple | None:
@@ -53,12 +41,8 @@ class Background:
         self._reload_lock = asyncio.Lock()
 
     def info(self) -> dict[str, Any]:
-        try:
-            optional("zenedge.pool.maintain", "maintain", "pool maintenance")
-            available = True
-        except NotAvailableYet:
-            available = False
-        return {"available": available, "interval_seconds": self.state.cfg.pool.maintain_interval,
+        return {"available": True,   # the wire keeps the field: maintenance ships with every build
+                "interval_seconds": self.state.cfg.pool.maintain_interval,
                 "running": self.running, "last_run_at": self.last_run_at, "last_result": self.last_result,
                 "last_error": self.last_error, "config_reloads": self.reloads}
 
@@ -75,8 +59,6 @@ class Background:
                 next_run = time.monotonic() + interval
                 try:
                     await self.maintain()
-                except NotAvailableYet:
-                    pass  # reported by /api/pool; nothing to run yet
                 except Exception as exc:
                     log.warning("background maintenance failed: %s", exc)
             elif interval <= 0:
@@ -98,7 +80,7 @@ class Background:
             return changed
 
     async def maintain(self) -> dict[str, Any]:
-        maintain = optional("zenedge.pool.maintain", "maintain", "pool maintenance")
+        from zenedge.pool.maintain import maintain
         if self.running:
             raise Conflict("pool maintenance is already running")
         self.running = True

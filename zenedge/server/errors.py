@@ -17,12 +17,6 @@ from zenedge.errors import Conflict, InvalidInput, NotFound, Unavailable, Zenedg
 log = logging.getLogger("zenedge.server")
 
 
-class NotAvailableYet(Unavailable):
-    """A feature whose implementation is not installed in this build (e.g. the registry)."""
-
-    code = "not_implemented"
-
-
 class QueueFull(Unavailable):
     code = "queue_full"
     retry_after = 1

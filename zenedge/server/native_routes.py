@@ -25,7 +25,7 @@ from zenedge.errors import InvalidInput, ZenedgeError
 from zenedge.names import split_reference
 from zenedge.server import errors, ollama_models, ollama_routes, streaming
 from zenedge.pool.budget import set_budget as set_pool_budget
-from zenedge.server.background import Background, optional
+from zenedge.server.background import Background
 from zenedge.server.errors import Forbidden
 from zenedge.server.security import over_unix_socket
 from zenedge.server.state import DaemonState
@@ -96,9 +96,10 @@ def router(state: DaemonState, background: Background) -> APIRouter:
         ollama = body.model is not None
         name = ollama_routes.model_name(body.model) if ollama else body.name
         try:
-            # A bad name is a 400 now, not a line in a stream that first waited behind other pulls.
+            # A bad name is a 400 at once, not a line in a stream that first waited behind other pulls.
             split_reference(name)
-            pull_fn = optional("zenedge.pool.pull", "pull", "pulling from a registry")
+            from zenedge.pool.pull import pull as pull_fn
+
             def job(progress) -> dict:
                 return pull_fn(state.store, state.cfg, name, progress=progress, engine=state.engine)
 

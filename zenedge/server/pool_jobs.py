@@ -1,8 +1,8 @@
 """The daemon's pool work: one job at a time, in the order asked, never timed out.
 
 Pulls, imports, removals, budget changes and maintenance change the pool under its writer lock.
-Run from request threads, two of them raced for the lock and the loser gave up after 60 s ("the
-pool is busy"); here they queue instead. A job that waits tells its client so through its
+They queue here rather than race for the lock from request threads, where the loser would give up
+when the lock's wait ran out ("the pool is busy"). A job that waits tells its client so through its
 progress callback ("waiting for pull coder", one line each time the queue moves).
 
 At shutdown the jobs not yet started are refused (ShuttingDown); the running one gets the grace

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -108,20 +107,6 @@ class BlobStore:
         with open(path, "rb") as source:
             return self.put_stream(source, expected)
 
-    def put_bytes(self, data: bytes) -> tuple[str, int]:
-        import io
-
-        return self.put_stream(io.BytesIO(data))
-
-    def adopt(self, path: Path, digest: str) -> None:
-        """Move an already-verified file (e.g. a finished download in tmp/) into place."""
-        final = self.path(digest)
-        if final.exists():
-            path.unlink()
-            return
-        os.replace(path, final)
-        fsync_dir(self.dir)
-
     def delete(self, digest: str) -> None:
         self.path(digest).unlink(missing_ok=True)
 
@@ -129,6 +114,3 @@ class BlobStore:
         """Whether the blob is there, a regular file, and its bytes still hash to its name."""
         path = self.path(digest)
         return path.is_file() and file_sha256(path) == digest
-
-    def copy_out(self, digest: str, dest: Path) -> None:
-        shutil.copyfile(self.path(digest), dest)

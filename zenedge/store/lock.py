@@ -46,18 +46,6 @@ class WriterLock:
         """How deeply this process holds the lock now (0: not at all)."""
         return self._depth
 
-    def try_hold(self) -> bool:
-        """Non-blocking probe used by start-up reconciliation: skip it if someone is writing."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-        return True
-
     def _acquire_file(self, timeout: float) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + timeout

@@ -292,8 +292,8 @@ class Store:
         return self.blobs.path(digest)
 
     def verified_blob(self, digest: str) -> Path:
-        """The path of a stored blob whose bytes still hash to its digest, re-hashed now (a 2 MB
-        adapter: about a millisecond); BlobDamaged naming the profiles it serves otherwise.
+        """The path of a stored blob whose bytes still hash to its digest, re-hashed now (cheap at
+        adapter sizes); BlobDamaged naming the profiles it serves otherwise.
         Whatever is read from the pool to serve, merge, gate or export comes through here, so a
         damaged file is refused, never served or copied into a merge."""
         if self.blobs.verify(digest):
