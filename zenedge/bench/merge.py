@@ -118,7 +118,7 @@ class Scorer:
 
 
 def normalised(profile: Profile, served: dict) -> float:
-    from zenedge.pool.gate import retention
+    from zenedge.pool.verdict import retention
 
     if profile.metric == "exact_match" and profile.own.get("accuracy", 0) > 0:
         return served["accuracy"] / profile.own["accuracy"]
