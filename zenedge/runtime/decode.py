@@ -36,7 +36,7 @@ from typing import Iterator, Protocol, Sequence
 import torch
 
 from zenedge.kernels import native
-from zenedge.runtime import lean_llama
+from zenedge.runtime import c_step, lean_llama
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
 
@@ -353,4 +353,4 @@ def decode_path(model, device: torch.device, weights: str, graphs: bool = True) 
     isa, why = native.in_use() if device.type == "cpu" else (None, f"the model is on {device.type}, not the CPU")
     on = isa is not None
     return DecodePath(stepper, "transformers" if refused else "lean", weights, on, None if on else why,
-                      isa, why if on else None, refused, lean_llama.c_step_fallback(model))
+                      isa, why if on else None, refused, c_step.c_step_fallback(model))

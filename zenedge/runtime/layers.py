@@ -435,7 +435,7 @@ class StepProduct:
 
 def step_product(linears, batch: RowVariants | None) -> StepProduct | None:
     """The product a decode step of `batch` makes of `linears` (VariantLinears without bias), as
-    data for a caller that runs it elsewhere (lean_llama.FusedStep): one copy for every row (the
+    data for a caller that runs it elsewhere (c_step.FusedStep): one copy for every row (the
     base's, or, where one variant covers every row, its dense copy), and each variant's LoRA and
     sign slices on its rows. None where that is not what the Python step computes: a bias, a dense
     copy in a mixed batch or beside another delta, a delta no kernel takes."""
