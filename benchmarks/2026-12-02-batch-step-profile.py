@@ -5,7 +5,8 @@ the .txt beside."""
 import cProfile, pstats, dataclasses, time, torch, io
 from zenedge.bench.throughput import resolve_base, PROMPT
 from zenedge.runtime import threads
-from zenedge.runtime.generate import GenerationRequest, SamplingParams, encode_chat, generate
+from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
+from zenedge.runtime.prompts import encode_chat
 from zenedge.runtime.model import load_resident
 threads.configure(1)
 base_dir, _, _ = resolve_base(None, print)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from zenedge.errors import InvalidInput
+from zenedge.runtime.prompts import chat_ids
 
 
 class EvalSetError(InvalidInput):
@@ -96,14 +97,6 @@ def _messages(example: Example) -> list[dict[str, str]]:
     return messages
 
 
-def _template_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
-    )
-    # Some tokenizer versions still wrap the ids in a BatchEncoding despite return_dict=False.
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
 def end_of_turn_id(tokenizer) -> int | None:
     """The token that closes an assistant turn: the tokenizer's eos (e.g. <|im_end|>)."""
     return tokenizer.eos_token_id
@@ -118,11 +111,11 @@ def encode_example(tokenizer, example: Example, max_len: int) -> EncodedExample:
     the prompt/answer boundary identical to what the model sees in training.
     """
     messages = _messages(example)
-    prompt_ids = _template_ids(tokenizer, messages, add_generation_prompt=True)
+    prompt_ids = chat_ids(tokenizer, messages)
     # Stripped: leading whitespace would merge with the template's newline into one token (and
     # break the prefix), and exact match ignores surrounding whitespace anyway.
     answer = {"role": "assistant", "content": example.answer.strip()}
-    full_ids = _template_ids(tokenizer, messages + [answer], add_generation_prompt=False)
+    full_ids = chat_ids(tokenizer, messages + [answer], add_generation_prompt=False)
     if full_ids[: len(prompt_ids)] != prompt_ids:
         raise EvalSetError(
             "chat template is not prefix-stable: the rendered prompt is not a prefix of the "

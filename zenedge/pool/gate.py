@@ -38,6 +38,7 @@ from zenedge.pool.verdict import (FLOOR, MIN_EXAMPLES, Verdict, accuracy_verdict
                                   verdict_of)
 from zenedge.runtime import threads
 from zenedge.runtime.model import ResidentModel
+from zenedge.runtime.prompts import chat_ids
 from zenedge.runtime.variants import Variant
 
 MAX_EXAMPLES = 64     # the most examples of a set the gate reads (a borderline verdict)
@@ -435,9 +436,7 @@ class QualityGate:
         tokenizer, model, device = self.resident.tokenizer, self.resident.model, self.resident.device
 
         def run(prompt: str) -> torch.Tensor:   # on a lane (threads.map_lanes): grad mode is per thread
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            ids = chat_ids(tokenizer, [{"role": "user", "content": prompt}])
             with torch.no_grad(), self.resident.state.using([variant], plain=True):
                 logits = model(input_ids=torch.tensor([ids], device=device)).logits
             return torch.log_softmax(logits[0].float(), dim=-1)

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from zenedge.errors import InvalidInput
 from zenedge.runtime import threads
-from zenedge.runtime.generate import encode_text
 from zenedge.runtime.model import ResidentModel
+from zenedge.runtime.prompts import encode_text
 from zenedge.runtime.variants import Variant
 
 log = logging.getLogger("zenedge.runtime")

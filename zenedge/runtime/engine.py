@@ -15,9 +15,9 @@ from zenedge.runtime.cache import DeltaCache
 from zenedge.runtime.decode import decode_path
 from zenedge.runtime.dense_bitdelta import DenseBitDeltas
 from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
-from zenedge.runtime.generate import (Delta, GenerationRequest, SamplingParams, check_fits, encode_chat, encode_text,
-                                      generate)
+from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, check_fits, generate
 from zenedge.runtime.model import ResidentModel, load_resident
+from zenedge.runtime.prompts import encode_chat, encode_text
 from zenedge.runtime.router import Route, Router
 from zenedge.runtime.variants import Variant, load_bitdelta, load_lora
 from zenedge.store import Store
