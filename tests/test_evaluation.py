@@ -1,5 +1,5 @@
-"""zenedge.evaluation on a tiny random llama + the real SmolLM2 tokenizer (the default base's, converted
-once per session)."""
+"""zenedge.evaluation (and the benchmarks' greedy exact match, zenedge.bench.exact_match) on a tiny
+random llama + the real SmolLM2 tokenizer (the default base's, converted once per session)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from zenedge.bench.exact_match import exact_match, greedy_completions
 from zenedge.evaluation import (
-    EvalSetError, Example, answer_loss, encode_examples, exact_match, example_losses, greedy_completions,
-    load_eval_set, right_padded_batch,
+    EvalSetError, Example, answer_loss, encode_examples, example_losses, load_eval_set, right_padded_batch,
 )
 
 
