@@ -10,7 +10,6 @@ do: the int8/int4 copies are for decode steps.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -24,8 +23,6 @@ from zenedge.runtime import threads
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.prompts import encode_text
 from zenedge.runtime.variants import Variant
-
-log = logging.getLogger("zenedge.runtime")
 
 
 @dataclass(frozen=True)
@@ -136,13 +133,5 @@ class Embedder:
         ids = tokenize(resident, texts, min(self.limits.max_tokens, context_length(resident)), truncate)
         with self._lock, self.engine.router.inflight(route):
             vectors = embed_ids(resident, variant, ids, self.limits.batch_tokens)
-        self._record(route)
+        self.engine.record_request(route)      # counted as a generation is
         return Embedded(keep_dimensions(vectors, dimensions), [len(i) for i in ids], load_ns)
-
-    def _record(self, route) -> None:
-        """Count the request in the pool's eviction order, as a generation is counted."""
-        try:
-            if route.adapter is not None:
-                self.engine.store.record_requests(route.adapter["id"])
-        except Exception as exc:  # statistics must never fail a request
-            log.warning("could not record an embedding request for %s: %s", route.name, exc)

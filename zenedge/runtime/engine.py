@@ -3,6 +3,7 @@ the daemon and the benchmarks share."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -22,6 +23,7 @@ from zenedge.runtime.router import Route, Router
 from zenedge.runtime.variants import Variant, load_bitdelta, load_lora
 from zenedge.store import Store
 
+log = logging.getLogger("zenedge.runtime")
 
 @dataclass
 class Prompt:
@@ -104,15 +106,31 @@ class Engine:
         return variant
 
     # -- generation ----------------------------------------------------------------------------
+    def request(self, route: Route, resident: ResidentModel, prompt: Prompt, params: SamplingParams,
+                cancelled: threading.Event | None = None) -> GenerationRequest:
+        """`prompt` for `route` on its resident base as a generation request: encoded, checked
+        against the context before the variant is loaded, and counted. The one preparation of the
+        engine's own calls and the daemon's scheduler."""
+        input_ids = prompt.encode(resident.tokenizer)
+        check_fits(resident, input_ids)
+        request = GenerationRequest(input_ids, self.variant(route), params, cancelled)
+        self.record_request(route)
+        return request
+
+    def record_request(self, route: Route) -> None:
+        """Count a request (a generation, an embedding) in the pool's eviction order. Statistics
+        never fail a request: a failed write is logged."""
+        if route.adapter is None:
+            return
+        try:
+            self.store.record_requests(route.adapter["id"])
+        except Exception as exc:
+            log.warning("could not record a request for %s: %s", route.name, exc)
+
     def _prepare(self, name: str, prompt: Prompt, params: SamplingParams) -> tuple[Route, ResidentModel, GenerationRequest]:
         route = self.router.route(name)
         resident = self.resident(route.base)
-        input_ids = prompt.encode(resident.tokenizer)
-        check_fits(resident, input_ids)                      # before the variant is loaded
-        request = GenerationRequest(input_ids, self.variant(route), params)
-        if route.adapter is not None:
-            self.store.record_requests(route.adapter["id"])
-        return route, resident, request
+        return route, resident, self.request(route, resident, prompt, params)
 
     def stream(self, name: str, prompt: Prompt, params: SamplingParams = SamplingParams()) -> Iterator[Delta]:
         """One request, streamed: yields each step's Delta (text may be empty while holding back)."""
