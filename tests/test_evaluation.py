@@ -95,7 +95,8 @@ def test_example_losses_are_per_row_sums_on_either_head_path(model, tokenizer, m
 
 
 def test_a_shared_prefix_run_once_gives_the_same_losses(model, tokenizer):
-    from zenedge.evaluation import prefix_states, shared_prefix
+    from zenedge.evaluation import shared_prefix
+    from zenedge.runtime.backbone import prefix_states
 
     encoded = encode_examples(tokenizer, EXAMPLES[:3], max_len=256)  # no system turn: SmolLM2's default one
     skip = shared_prefix(encoded)

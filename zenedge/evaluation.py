@@ -15,7 +15,6 @@ tokens (plus the template's end-of-turn token, so a model that does not stop is 
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from zenedge.errors import InvalidInput
+from zenedge.runtime.backbone import KeysValues, hidden_states, right_padded
 from zenedge.runtime.prompts import chat_ids
 
 
@@ -145,7 +145,7 @@ class Batch:
     input_ids: torch.Tensor  # [B, T], right padded
     attention_mask: torch.Tensor  # [B, T], 1 on real tokens
     target_mask: torch.Tensor  # [B, T], 1 where the NEXT token (input_ids[:, t+1]) is scored
-    skip: int = 0  # leading tokens all rows share, left out of input_ids (their keys/values: `prefix_states`)
+    skip: int = 0  # leading tokens all rows share, left out of input_ids (their keys/values: backbone.prefix_states)
 
 
 def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int, skip: int = 0) -> Batch:
@@ -153,14 +153,10 @@ def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int, skip: int
     marks answer-token predictions."""
     if any(skip >= len(e.prompt_ids) for e in encoded):
         raise ValueError(f"skip={skip} must leave every prompt's last token (it predicts the first answer token)")
-    length = max(len(e.prompt_ids) + len(e.answer_ids) for e in encoded) - skip
-    input_ids = torch.full((len(encoded), length), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(encoded), length), dtype=torch.long)
-    target_mask = torch.zeros((len(encoded), length), dtype=torch.bool)
-    for row, e in enumerate(encoded):
-        seq = (e.prompt_ids + e.answer_ids)[skip:]
-        input_ids[row, : len(seq)] = torch.tensor(seq)
-        attention_mask[row, : len(seq)] = 1
+    seqs = [(e.prompt_ids + e.answer_ids)[skip:] for e in encoded]
+    input_ids, attention_mask = right_padded(seqs, pad_id)
+    target_mask = torch.zeros(input_ids.shape, dtype=torch.bool)
+    for row, (e, seq) in enumerate(zip(encoded, seqs)):
         # Position t predicts token t+1: answer tokens sit at [P, P+A), predicted from [P-1, P+A-1).
         target_mask[row, len(e.prompt_ids) - skip - 1 : len(seq) - 1] = True
     return Batch(input_ids, attention_mask, target_mask, skip)
@@ -185,8 +181,8 @@ def answer_token_losses(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
 
 
 # Causal LMs whose logits are exactly lm_head(last hidden state): for them the head (a [V, D]
-# matmul, ~20 % of a 135M model's forward) runs on the scored positions only, in fp32. Others
-# (logit soft-capping, scaled logits) go through their own forward.
+# matmul, a large share of a small model's forward) runs on the scored positions only, in fp32.
+# Others (logit soft-capping, scaled logits) go through their own forward.
 _PLAIN_HEAD = {"llama", "mistral", "qwen2", "qwen3", "phi3"}
 
 
@@ -196,37 +192,13 @@ def supports_prefix(model) -> bool:
     return getattr(model.config, "model_type", None) in _PLAIN_HEAD and getattr(model, "model", None) is not None
 
 
-def _cache_keyword(decoder) -> str:
-    # transformers 5 renamed `past_key_values` to `cache` (the old name still works, with a warning).
-    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-
-
-@torch.no_grad()
-def prefix_states(model, prefix_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Keys and values of a prompt prefix (one row) in every layer: [1, heads, P, head_dim] each."""
-    decoder = model.model
-    device = next(model.parameters()).device
-    out = decoder(input_ids=torch.tensor([list(prefix_ids)], device=device), use_cache=True)
-    cache = getattr(out, "cache", None) or out.past_key_values
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _scored_logits(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
+def _scored_logits(model, batch: Batch, prefix: KeysValues | None) -> torch.Tensor:
     """fp32 logits at the positions that predict answer tokens: [N_answer_tokens, V]."""
     mask = batch.target_mask[:, :-1]  # [B, T-1]
+    if batch.skip and prefix is None:
+        raise ValueError("a batch that skips a shared prefix needs that prefix's keys and values")
     if supports_prefix(model):
-        decoder = model.model
-        kwargs = {}
-        attention_mask = batch.attention_mask
-        if batch.skip:
-            from transformers import DynamicCache
-
-            cache = DynamicCache()
-            for layer, (keys, values) in enumerate(prefix):
-                cache.update(keys, values, layer)
-            kwargs[_cache_keyword(decoder)] = cache
-            attention_mask = torch.cat([attention_mask.new_ones(attention_mask.shape[0], batch.skip), attention_mask], 1)
-        hidden = decoder(input_ids=batch.input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        hidden = hidden_states(model, batch.input_ids, batch.attention_mask, prefix if batch.skip else None)
         head = model.get_output_embeddings()
         with torch.autocast(hidden.device.type, enabled=False):  # the head in fp32, whatever the body ran in
             return F.linear(hidden[:, :-1][mask].float(), head.weight.float(),
@@ -238,7 +210,7 @@ def _scored_logits(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, tor
 
 
 @torch.no_grad()
-def example_scores(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None
+def example_scores(model, batch: Batch, prefix: KeysValues | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of `batch`: the summed answer-token cross-entropy ([B], fp64; summed, not averaged,
     so that sets of examples combine token-weighted: a mean loss is Σ sums / Σ answer tokens) and
@@ -256,8 +228,7 @@ def example_scores(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, tor
     return sums, hits
 
 
-def example_losses(model, batch: Batch,
-                   prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+def example_losses(model, batch: Batch, prefix: KeysValues | None = None) -> torch.Tensor:
     """The summed answer-token cross-entropy of each row (`example_scores`' first half)."""
     return example_scores(model, batch, prefix)[0]
 

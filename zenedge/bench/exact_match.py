@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from zenedge.evaluation import EncodedExample, EvalSetError
+from zenedge.runtime.backbone import right_padded
 
 
 def _pad_id(tokenizer) -> int:
@@ -42,12 +43,7 @@ def greedy_completions(
         for _ in range(max_new_tokens):
             if not running:
                 break
-            length = max(len(seqs[i]) for i in running)
-            input_ids = torch.full((len(running), length), pad_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(running), length), dtype=torch.long)
-            for r, i in enumerate(running):
-                input_ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
-                attention_mask[r, : len(seqs[i])] = 1
+            input_ids, attention_mask = right_padded([seqs[i] for i in running], pad_id)
             logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
             last = attention_mask.sum(dim=1) - 1  # [B]
             next_ids = logits[torch.arange(len(running)), last].argmax(dim=-1).tolist()

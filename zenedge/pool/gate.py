@@ -32,11 +32,12 @@ from typing import Any, Sequence
 import torch
 
 from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, example_scores, load_eval_set,
-                                prefix_states, right_padded_batch, shared_prefix, supports_prefix)
+                                right_padded_batch, shared_prefix, supports_prefix)
 from zenedge.pool.phases import Phases
 from zenedge.pool.verdict import (FLOOR, MIN_EXAMPLES, Verdict, accuracy_verdict, retention, verdict,
                                   verdict_of)
 from zenedge.runtime import threads
+from zenedge.runtime.backbone import prefix_states
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.prompts import chat_ids
 from zenedge.runtime.variants import Variant

@@ -27,7 +27,6 @@ benchmarks); the DynamicStepper always uses `model(...)`.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import torch
 
 from zenedge.kernels import native
 from zenedge.runtime import c_step, lean_llama
+from zenedge.runtime.backbone import cache_argument
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
 
@@ -62,15 +62,6 @@ class Stepper(Protocol):
     def set_batch(self, batch: RowVariants, fresh: Sequence[int] = ()) -> None:
         """The rows are now `batch`'s (rows may be added or dropped at the end); rows in `fresh`
         start new requests, empty."""
-
-
-def cache_argument(model) -> str:
-    """The KV-cache keyword of this transformers version (`cache` since 5.x, `past_key_values` before)."""
-    keyword = getattr(model, "_zenedge_cache_kw", None)
-    if keyword is None:
-        keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        model._zenedge_cache_kw = keyword   # looked up once per model: signature() costs ~50 µs
-    return keyword
 
 
 def static_cache_supported(model) -> bool:
