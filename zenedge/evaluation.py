@@ -164,7 +164,7 @@ def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int, skip: int
 
 def shared_prefix(encoded: Sequence[EncodedExample]) -> int:
     """How many leading tokens every example shares and a batch may skip (`right_padded_batch`):
-    the chat template's system turn and user header, ~25 tokens of SmolLM2's 50-120 per example."""
+    the chat template's system turn and user header."""
     first = encoded[0].prompt_ids
     length = min(len(e.prompt_ids) for e in encoded) - 1
     for e in encoded[1:]:

@@ -32,7 +32,7 @@ def greedy_completions(
 
     Each step reruns the full right-padded sequences of the rows still running and reads the
     logits at each row's last real token. Quadratic in length, but exact for any causal LM and
-    cheap at eval-set sizes (prompts of ~50 tokens, answers of ~30).
+    cheap at eval-set sizes (short prompts, short answers).
     `keep_going(index, generated_ids)`, when given, may stop a row early (returns False).
     """
     results: list[list[int]] = [[] for _ in prompts]

@@ -53,8 +53,8 @@ class Engine:
     def __init__(self, store: Store, cfg: Config, progress: Callable[[str], None] | None = None, *,
                  scoring_only: bool = False):
         """`scoring_only`: this engine only reads text teacher-forced (the pool's quality gate in a
-        CLI process), which runs on the plain weights: no decode-format copies are made (the int4
-        conversion alone is ~1.7 s and a fifth of the base's memory per process)."""
+        CLI process), which runs on the plain weights: no decode-format copies are made (their
+        conversion costs time and memory the process would never use)."""
         self.store = store
         self.cfg = cfg
         self.threads = threads.configure(cfg.runtime.threads)
