@@ -1,5 +1,5 @@
-"""zenedge.evaluation on a tiny random llama + the real SmolLM2 tokenizer (the default base's, converted
-once per session)."""
+"""zenedge.evaluation (and the benchmarks' greedy exact match, zenedge.bench.exact_match) on a tiny
+random llama + the real SmolLM2 tokenizer (the default base's, converted once per session)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from zenedge.bench.exact_match import exact_match, greedy_completions
 from zenedge.evaluation import (
-    EvalSetError, Example, answer_loss, encode_examples, exact_match, example_losses, greedy_completions,
-    load_eval_set, right_padded_batch,
+    EvalSetError, Example, answer_loss, encode_examples, example_losses, load_eval_set, right_padded_batch,
 )
 
 
@@ -95,7 +95,8 @@ def test_example_losses_are_per_row_sums_on_either_head_path(model, tokenizer, m
 
 
 def test_a_shared_prefix_run_once_gives_the_same_losses(model, tokenizer):
-    from zenedge.evaluation import prefix_states, shared_prefix
+    from zenedge.evaluation import shared_prefix
+    from zenedge.runtime.backbone import prefix_states
 
     encoded = encode_examples(tokenizer, EXAMPLES[:3], max_len=256)  # no system turn: SmolLM2's default one
     skip = shared_prefix(encoded)

@@ -1,30 +1,31 @@
-"""Score a causal LM on a profile's eval set: teacher-forced answer loss and greedy exact match.
+"""Score a causal LM on a profile's eval set: teacher-forced answer loss and answer tokens right.
 
 Model-agnostic on purpose: the pool's quality gate runs it on a base with a LoRA applied, on a
 merged adapter, on a BitDelta model. All it needs is a causal LM whose forward is
 `model(input_ids=[B, T], attention_mask=[B, T]).logits -> [B, T, V]` and a Hugging Face tokenizer
-with a chat template. No KV cache, no `generate`, no PEFT: every forward is a plain full-sequence
-call with right padding, which is exact for any causal model (left padding would shift position
-ids unless the model derives them from the mask, and not every model does).
+with a chat template. No `generate`, no PEFT: every forward is a plain full-sequence call with
+right padding, which is exact for any causal model (left padding would shift position ids unless
+the model derives them from the mask, and not every model does). Greedy exact match, for the
+benchmarks and recipes, is bench/exact_match.py.
 
 An eval set is JSONL, one chat pair per line: {"prompt": str, "answer": str, "system"?: str}.
-The prompt is the user turn, the answer the assistant turn; loss and exact match only look at
-the answer tokens (plus the template's end-of-turn token, so a model that does not stop is
-penalised).
+The prompt is the user turn, the answer the assistant turn; scores only look at the answer
+tokens (plus the template's end-of-turn token, so a model that does not stop is penalised).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from zenedge.errors import InvalidInput
+from zenedge.runtime.backbone import KeysValues, hidden_states, right_padded
+from zenedge.runtime.prompts import chat_ids
 
 
 class EvalSetError(InvalidInput):
@@ -96,14 +97,6 @@ def _messages(example: Example) -> list[dict[str, str]]:
     return messages
 
 
-def _template_ids(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
-    )
-    # Some tokenizer versions still wrap the ids in a BatchEncoding despite return_dict=False.
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
 def end_of_turn_id(tokenizer) -> int | None:
     """The token that closes an assistant turn: the tokenizer's eos (e.g. <|im_end|>)."""
     return tokenizer.eos_token_id
@@ -118,11 +111,11 @@ def encode_example(tokenizer, example: Example, max_len: int) -> EncodedExample:
     the prompt/answer boundary identical to what the model sees in training.
     """
     messages = _messages(example)
-    prompt_ids = _template_ids(tokenizer, messages, add_generation_prompt=True)
+    prompt_ids = chat_ids(tokenizer, messages)
     # Stripped: leading whitespace would merge with the template's newline into one token (and
     # break the prefix), and exact match ignores surrounding whitespace anyway.
     answer = {"role": "assistant", "content": example.answer.strip()}
-    full_ids = _template_ids(tokenizer, messages + [answer], add_generation_prompt=False)
+    full_ids = chat_ids(tokenizer, messages + [answer], add_generation_prompt=False)
     if full_ids[: len(prompt_ids)] != prompt_ids:
         raise EvalSetError(
             "chat template is not prefix-stable: the rendered prompt is not a prefix of the "
@@ -152,7 +145,7 @@ class Batch:
     input_ids: torch.Tensor  # [B, T], right padded
     attention_mask: torch.Tensor  # [B, T], 1 on real tokens
     target_mask: torch.Tensor  # [B, T], 1 where the NEXT token (input_ids[:, t+1]) is scored
-    skip: int = 0  # leading tokens all rows share, left out of input_ids (their keys/values: `prefix_states`)
+    skip: int = 0  # leading tokens all rows share, left out of input_ids (their keys/values: backbone.prefix_states)
 
 
 def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int, skip: int = 0) -> Batch:
@@ -160,14 +153,10 @@ def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int, skip: int
     marks answer-token predictions."""
     if any(skip >= len(e.prompt_ids) for e in encoded):
         raise ValueError(f"skip={skip} must leave every prompt's last token (it predicts the first answer token)")
-    length = max(len(e.prompt_ids) + len(e.answer_ids) for e in encoded) - skip
-    input_ids = torch.full((len(encoded), length), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(encoded), length), dtype=torch.long)
-    target_mask = torch.zeros((len(encoded), length), dtype=torch.bool)
-    for row, e in enumerate(encoded):
-        seq = (e.prompt_ids + e.answer_ids)[skip:]
-        input_ids[row, : len(seq)] = torch.tensor(seq)
-        attention_mask[row, : len(seq)] = 1
+    seqs = [(e.prompt_ids + e.answer_ids)[skip:] for e in encoded]
+    input_ids, attention_mask = right_padded(seqs, pad_id)
+    target_mask = torch.zeros(input_ids.shape, dtype=torch.bool)
+    for row, (e, seq) in enumerate(zip(encoded, seqs)):
         # Position t predicts token t+1: answer tokens sit at [P, P+A), predicted from [P-1, P+A-1).
         target_mask[row, len(e.prompt_ids) - skip - 1 : len(seq) - 1] = True
     return Batch(input_ids, attention_mask, target_mask, skip)
@@ -175,7 +164,7 @@ def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int, skip: int
 
 def shared_prefix(encoded: Sequence[EncodedExample]) -> int:
     """How many leading tokens every example shares and a batch may skip (`right_padded_batch`):
-    the chat template's system turn and user header, ~25 tokens of SmolLM2's 50-120 per example."""
+    the chat template's system turn and user header."""
     first = encoded[0].prompt_ids
     length = min(len(e.prompt_ids) for e in encoded) - 1
     for e in encoded[1:]:
@@ -184,8 +173,8 @@ def shared_prefix(encoded: Sequence[EncodedExample]) -> int:
 
 
 # Causal LMs whose logits are exactly lm_head(last hidden state): for them the head (a [V, D]
-# matmul, ~20 % of a 135M model's forward) runs on the scored positions only, in fp32. Others
-# (logit soft-capping, scaled logits) go through their own forward.
+# matmul, a large share of a small model's forward) runs on the scored positions only, in fp32.
+# Others (logit soft-capping, scaled logits) go through their own forward.
 _PLAIN_HEAD = {"llama", "mistral", "qwen2", "qwen3", "phi3"}
 
 
@@ -195,37 +184,13 @@ def supports_prefix(model) -> bool:
     return getattr(model.config, "model_type", None) in _PLAIN_HEAD and getattr(model, "model", None) is not None
 
 
-def _cache_keyword(decoder) -> str:
-    # transformers 5 renamed `past_key_values` to `cache` (the old name still works, with a warning).
-    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-
-
-@torch.no_grad()
-def prefix_states(model, prefix_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Keys and values of a prompt prefix (one row) in every layer: [1, heads, P, head_dim] each."""
-    decoder = model.model
-    device = next(model.parameters()).device
-    out = decoder(input_ids=torch.tensor([list(prefix_ids)], device=device), use_cache=True)
-    cache = getattr(out, "cache", None) or out.past_key_values
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _scored_logits(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
+def _scored_logits(model, batch: Batch, prefix: KeysValues | None) -> torch.Tensor:
     """fp32 logits at the positions that predict answer tokens: [N_answer_tokens, V]."""
     mask = batch.target_mask[:, :-1]  # [B, T-1]
+    if batch.skip and prefix is None:
+        raise ValueError("a batch that skips a shared prefix needs that prefix's keys and values")
     if supports_prefix(model):
-        decoder = model.model
-        kwargs = {}
-        attention_mask = batch.attention_mask
-        if batch.skip:
-            from transformers import DynamicCache
-
-            cache = DynamicCache()
-            for layer, (keys, values) in enumerate(prefix):
-                cache.update(keys, values, layer)
-            kwargs[_cache_keyword(decoder)] = cache
-            attention_mask = torch.cat([attention_mask.new_ones(attention_mask.shape[0], batch.skip), attention_mask], 1)
-        hidden = decoder(input_ids=batch.input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+        hidden = hidden_states(model, batch.input_ids, batch.attention_mask, prefix if batch.skip else None)
         head = model.get_output_embeddings()
         with torch.autocast(hidden.device.type, enabled=False):  # the head in fp32, whatever the body ran in
             return F.linear(hidden[:, :-1][mask].float(), head.weight.float(),
@@ -237,7 +202,7 @@ def _scored_logits(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, tor
 
 
 @torch.no_grad()
-def example_scores(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None
+def example_scores(model, batch: Batch, prefix: KeysValues | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of `batch`: the summed answer-token cross-entropy ([B], fp64; summed, not averaged,
     so that sets of examples combine token-weighted: a mean loss is Σ sums / Σ answer tokens) and
@@ -255,20 +220,13 @@ def example_scores(model, batch: Batch, prefix: Sequence[tuple[torch.Tensor, tor
     return sums, hits
 
 
-def example_losses(model, batch: Batch,
-                   prefix: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+def example_losses(model, batch: Batch, prefix: KeysValues | None = None) -> torch.Tensor:
     """The summed answer-token cross-entropy of each row (`example_scores`' first half)."""
     return example_scores(model, batch, prefix)[0]
 
 
 def answer_tokens(example: EncodedExample) -> int:
     return len(example.answer_ids)
-
-
-def _pad_id(tokenizer) -> int:
-    if tokenizer.pad_token_id is not None:
-        return tokenizer.pad_token_id
-    return tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
 
 
 @torch.no_grad()
@@ -284,81 +242,3 @@ def answer_loss(model, encoded: Sequence[EncodedExample], batch_size: int = 8, p
         total += example_losses(model, right_padded_batch(chunk, pad_id)).sum().item()
         count += sum(answer_tokens(e) for e in chunk)
     return total / count
-
-
-@torch.no_grad()
-def greedy_completions(
-    model, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_id: int | None,
-    pad_id: int = 0, batch_size: int = 8,
-    keep_going: Callable[[int, list[int]], bool] | None = None,
-) -> list[list[int]]:
-    """Greedy-decode each prompt (argmax, no sampling); stops at stop_id, which is not returned.
-
-    Each step reruns the full right-padded sequences of the rows still running and reads the
-    logits at each row's last real token. Quadratic in length, but exact for any causal LM and
-    cheap at eval-set sizes (prompts of ~50 tokens, answers of ~30).
-    `keep_going(index, generated_ids)`, when given, may stop a row early (returns False).
-    """
-    results: list[list[int]] = [[] for _ in prompts]
-    for start in range(0, len(prompts), batch_size):
-        rows = list(range(start, min(start + batch_size, len(prompts))))
-        seqs = {i: list(prompts[i]) for i in rows}
-        running = list(rows)
-        for _ in range(max_new_tokens):
-            if not running:
-                break
-            length = max(len(seqs[i]) for i in running)
-            input_ids = torch.full((len(running), length), pad_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(running), length), dtype=torch.long)
-            for r, i in enumerate(running):
-                input_ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
-                attention_mask[r, : len(seqs[i])] = 1
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-            last = attention_mask.sum(dim=1) - 1  # [B]
-            next_ids = logits[torch.arange(len(running)), last].argmax(dim=-1).tolist()
-            still = []
-            for i, tok in zip(running, next_ids):
-                if tok == stop_id:
-                    continue
-                seqs[i].append(tok)
-                results[i].append(tok)
-                if keep_going is None or keep_going(i, results[i]):
-                    still.append(i)
-            running = still
-    return results
-
-
-def normalize_whitespace(text: str) -> str:
-    return " ".join(text.split())
-
-
-@torch.no_grad()
-def exact_match(
-    model, tokenizer, encoded: Sequence[EncodedExample], max_new_tokens: int | None = None,
-    batch_size: int = 8,
-) -> float:
-    """Fraction of greedy completions equal to the reference answer, whitespace-normalised.
-
-    max_new_tokens defaults, per set, to the longest reference answer plus a margin of 8 tokens:
-    a completion that has not stopped by then cannot be equal to its reference anyway.
-    """
-    if not encoded:
-        raise EvalSetError("no examples to score")
-    budget = max_new_tokens or max(len(e.answer_ids) for e in encoded) + 8
-    references = [normalize_whitespace(e.answer) for e in encoded]
-
-    def still_possible(i: int, ids: list[int]) -> bool:
-        # normalize(a + b) always starts with normalize(a), so once the normalised text so far
-        # is not a prefix of the reference, no continuation can match: stop decoding that row.
-        # (A trailing U+FFFD is half of a multi-byte character: wait for the rest.)
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        return text.endswith("\ufffd") or references[i].startswith(normalize_whitespace(text))
-
-    completions = greedy_completions(
-        model, [e.prompt_ids for e in encoded], budget, encoded[0].stop_id,
-        pad_id=_pad_id(tokenizer), batch_size=batch_size, keep_going=still_possible,
-    )
-    hits = 0
-    for reference, ids in zip(references, completions):
-        hits += normalize_whitespace(tokenizer.decode(ids, skip_special_tokens=True)) == reference
-    return hits / len(encoded)

@@ -23,7 +23,8 @@ import torch
 
 
 def score(model, tokenizer, encoded, exact: bool) -> dict[str, float]:
-    from zenedge.evaluation import answer_loss, exact_match
+    from zenedge.bench.exact_match import exact_match
+    from zenedge.evaluation import answer_loss
 
     pad = tokenizer.pad_token_id or 0
     result = {"loss": round(answer_loss(model, encoded, 16, pad), 4)}

@@ -6,8 +6,9 @@
 For a LoRA profile the adapter is loaded with PEFT onto the base; for a BitDelta profile the
 full fine-tune from /work/finetunes/<name>/ stands in (the 1-bit columns are filled by whoever
 compresses it). Metrics come from zenedge.evaluation: answer loss (teacher-forced CE per answer
-token) always, greedy exact match when the recipe's metric is exact_match. Matmuls run under
-bf16 autocast (AMX makes that ~3x faster on this CPU); base and profile are measured the same way.
+token) always, greedy exact match (zenedge.bench.exact_match) when the recipe's metric is
+exact_match. Matmuls run under bf16 autocast (faster where the CPU has AMX); base and profile are
+measured the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from zenedge.evaluation import answer_loss, encode_examples, exact_match, load_eval_set
+from zenedge.bench.exact_match import exact_match
+from zenedge.evaluation import answer_loss, encode_examples, load_eval_set
 
 PROFILES = Path(__file__).resolve().parent.parent
 RESULTS = PROFILES / "quality.json"

@@ -95,7 +95,7 @@ def test_adapters_without_eval_sets_use_the_data_free_proxy(store, tmp_path, mak
 def test_a_clear_verdict_reads_only_the_first_examples(store, tmp_path, make_profile):
     """The sequential gate: a merge that plainly keeps (or plainly loses) quality is decided after
     MIN_EXAMPLES of a 40-example set, and the time profile says where the arrival's time went."""
-    from zenedge.pool.gate import MIN_EXAMPLES
+    from zenedge.pool.verdict import MIN_EXAMPLES
 
     a_dir, a_eval = make_profile("alpha", 1, examples=40)
     b_dir, b_eval = make_profile("beta", 2, like=a_dir, noise=0.0, examples=40)  # the same adapter

@@ -244,11 +244,11 @@ def test_the_cpu_default_serves_int4_and_its_loops_agree(store, tmp_path, lora_f
 def test_a_prefill_runs_the_plain_weights_and_decode_the_int4_copies(tiny_base_dir, monkeypatch):
     from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
 
-    from zenedge.runtime import lean_llama
+    from zenedge.runtime import c_step
 
     resident = load_resident("tiny", tiny_base_dir, CPU, torch.float32, weights="int4")
     # The Python decode step: the C one (test_decode_step.py) calls the same kernel out of this spy's sight.
-    monkeypatch.setattr(lean_llama.FusedStep, "build", classmethod(lambda cls, *args: None))
+    monkeypatch.setattr(c_step.FusedStep, "build", classmethod(lambda cls, *args: None))
     rows_seen = []
     kind = type(resident.model.model.layers[0].mlp.down_proj.fast)
     original = kind._matmul

@@ -1,4 +1,4 @@
-"""The decode step in one C call (lean_llama.FusedStep, kernels/native/decode_step.c): where it runs (base
+"""The decode step in one C call (c_step.FusedStep, kernels/native/decode_step.c): where it runs (base
 rows, LoRAs, packed BitDeltas, any mix of them, a hot BitDelta's int4 copies serving every row) its
 logits are bit for bit those of the Python step it replaces, so a request decodes the same whichever
 path a batch takes; where it cannot (a dense copy in a mixed batch, a dense copy dropped
@@ -9,7 +9,7 @@ import torch
 
 from tests.runtime.test_batch_invariance import NAMES, int4_engine, requests_for  # noqa: F401 (a fixture)
 from zenedge.kernels import native
-from zenedge.runtime import lean_llama
+from zenedge.runtime import c_step, lean_llama
 from zenedge.runtime.decode import decode_path
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime import generate as generate_module
@@ -28,7 +28,7 @@ def head_inputs(resident, requests, monkeypatch, fused: bool):
     whether each step's forward had a C step."""
     head = resident.model.lm_head.fast
     steps, built = [], []
-    product, build = head._matmul, lean_llama.FusedStep.build
+    product, build = head._matmul, c_step.FusedStep.build
 
     def recording(x):
         y = product(x)
@@ -42,7 +42,7 @@ def head_inputs(resident, requests, monkeypatch, fused: bool):
 
     monkeypatch.setattr(generate_module, "PREFILL_CHUNK", 1024)     # every row prefilled in the first tick
     monkeypatch.setattr(head, "_matmul", recording, raising=False)
-    monkeypatch.setattr(lean_llama.FusedStep, "build", building)
+    monkeypatch.setattr(c_step.FusedStep, "build", building)
     for _ in generate(resident, requests):
         pass
     monkeypatch.undo()
@@ -81,7 +81,7 @@ def test_a_copy_dropped_or_made_mid_request_hands_the_step_back(int4_engine, nam
     resident = int4_engine.resident("tiny")
     delta = requests_for(int4_engine)[NAMES.index(name)].variant
     batch = RowVariants.build([delta], resident.device)
-    step = lean_llama.FusedStep.build(resident.model, lean_llama.LeanLlama(resident.model, batch), batch)
+    step = c_step.FusedStep.build(resident.model, lean_llama.LeanLlama(resident.model, batch), batch)
     assert step is not None and step.copies
     module, copy = step.copies[0]
     assert (copy is None) == (name == "delta-packed")

@@ -11,7 +11,7 @@ from tests.conftest import tiny_tokenizer
 from zenedge.bitdelta.packing import pack_signs
 from zenedge.merge.factors import LoraFactors
 from zenedge.kernels import native
-from zenedge.runtime import cpu_weights, decode, layers, lean_llama
+from zenedge.runtime import c_step, cpu_weights, decode, layers, lean_llama
 from zenedge.runtime.dense_bitdelta import densify, undensify
 from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
 from zenedge.runtime.layers import RowVariants
@@ -210,7 +210,7 @@ def test_bound_decode_linears_give_the_modules_logits_exactly(rows, bias, int4_k
     settled = first is attention.q_proj.fast and type(first) is cpu_weights.NativeInt4Weight
     assert (stacked is not None) == (rows in ("base", "lora", "hot-bitdelta") or settled)   # else one by one
     with monkeypatch.context() as m:                                  # every linear called as a module
-        m.setattr(lean_llama.FusedStep, "build", classmethod(lambda cls, *args: None))   # (`bound`: the C step)
+        m.setattr(c_step.FusedStep, "build", classmethod(lambda cls, *args: None))   # (`bound`: the C step)
         m.setattr(lean_llama, "bound", lambda linear, batch, cast=True: linear)
         m.setattr(lean_llama, "products", lambda linears, batch: layers.each(*linears))
         modules = step_logits(resident, variants, prompts, lean=True)

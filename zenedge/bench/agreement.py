@@ -69,7 +69,8 @@ def run_agreement(base_dir: Path, prompts: int = 50, tokens: int = 32, progress=
 
     from zenedge.bench.throughput import PRECISIONS, precisions
     from zenedge.evaluation import answer_loss, encode_examples, load_eval_set
-    from zenedge.runtime.generate import GenerationRequest, SamplingParams, encode_chat, generate
+    from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
+    from zenedge.runtime.prompts import encode_chat
     from zenedge.runtime.model import load_resident
 
     if not 1 <= prompts <= len(PROMPTS):

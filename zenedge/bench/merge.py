@@ -70,8 +70,8 @@ class Scorer:
     """Loss and exact match of a variant on a profile's eval set, cached by adapter content.
 
     Exact match decodes through the runtime's own generate (KV cache, the serving path), not
-    `zenedge.evaluation.exact_match`, which re-runs the whole sequence per token so it works on any
-    Hugging Face model: same answers on these sets, many times slower."""
+    `bench.exact_match.exact_match`, which re-runs the whole sequence per token so it works on any
+    Hugging Face model: the same answers on these sets, much slower."""
 
     def __init__(self, resident, examples: int):
         self.resident = resident
@@ -99,7 +99,7 @@ class Scorer:
         return self._cache[cache_key]
 
     def _accuracy(self, profile: Profile, variant) -> float:
-        from zenedge.evaluation import normalize_whitespace
+        from zenedge.bench.exact_match import normalize_whitespace
         from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
 
         examples = profile.encoded
@@ -117,7 +117,7 @@ class Scorer:
 
 
 def normalised(profile: Profile, served: dict) -> float:
-    from zenedge.pool.gate import retention
+    from zenedge.pool.verdict import retention
 
     if profile.metric == "exact_match" and profile.own.get("accuracy", 0) > 0:
         return served["accuracy"] / profile.own["accuracy"]

@@ -37,7 +37,7 @@ def run(profiles_dir: Path | None = None, *, examples: int = 100, formats=FORMAT
 def _profile_row(profile, scorer, resident, formats) -> dict[str, Any]:
     from zenedge.adapters.lora_tensors import round_to, stored_format, write_peft_adapter
     from zenedge.bench.merge import content_key
-    from zenedge.pool.gate import retention
+    from zenedge.pool.verdict import retention
     from zenedge.runtime.variants import lora_variant
 
     scorer.prepare(profile)

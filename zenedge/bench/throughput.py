@@ -279,7 +279,8 @@ def run_bench(options: Options, progress=_progress) -> dict:
     from zenedge.bench.variants import load_lora_variant, make_bitdelta, make_lora
     from zenedge.runtime.cache import DeltaCache
     from zenedge.runtime.dense_bitdelta import DenseBitDeltas
-    from zenedge.runtime.generate import GenerationRequest, SamplingParams, encode_chat
+    from zenedge.runtime.generate import GenerationRequest, SamplingParams
+    from zenedge.runtime.prompts import encode_chat
     from zenedge.runtime.model import load_resident
     from zenedge.runtime.variants import load_bitdelta
 

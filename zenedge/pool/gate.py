@@ -1,32 +1,23 @@
 """The quality gate: how much of each member's gain a merged adapter keeps, measured in seconds.
 
-For a member with an eval set, retention = (L_base − L_merged) / (L_base − L_member), with L the
-teacher-forced answer loss on the member's own eval set, measured on the real base; the member is
-kept if retention ≥ T, or if the same ratio on answer tokens right (teacher-forced argmax) is ≥ T
-where its own adapter gains at least ACCURACY_GAIN of them, and refused when either ratio is
-clearly below min(FLOOR, T) (`verdict_of` says why). A profile's base and own scores (its anchors)
-are measured once, while its own adapter still exists, and stored with its name, per example,
-because the original adapter is gone after a merge.
+A member with an eval set is judged on its teacher-forced answer losses and answer tokens right on
+the real base (pool/verdict.py: the retention rule and its sequential test). A profile's base and
+own scores (its anchors) are measured once, while its own adapter still exists, and stored with its
+name, per example, because the original adapter is gone after a merge.
 
 Why it is fast (BENCHMARKS.md, "The pool at interactive speed"):
-- Sequential: the examples of each set are read in a fixed shuffled order, ROUND at a time. Per
-  example i, z_i = (b_i − m_i) − T·(b_i − o_i) (summed answer-token losses: base, merged, own);
-  the full-set verdict "retention ≥ T" is exactly "Σ z ≥ 0". After MIN_EXAMPLES the gate stops
-  as soon as the mean of z is CONFIDENCE standard errors (finite-population corrected) from 0,
-  or once retention is known to ±INDIFFERENCE (a merge on the threshold: either verdict is as
-  good), so a clear pass or fail reads 16 examples, a borderline one up to MAX_EXAMPLES.
+- Sequential: the examples of each set are read in a fixed shuffled order, ROUND at a time, until
+  the verdict is known (pool/verdict.py).
 - Lockstep: every member of a candidate advances together and the first clear failure ends the
   attempt; the rows of one round (all members, base/own/merged) share padded batches.
-- Cheap forwards: the head runs on the answer positions only (evaluation.example_losses), the
+- Cheap forwards: the head runs on the answer positions only (evaluation.example_scores), the
   prompt prefix every example shares runs once per variant, and on CPUs with native bf16 the body
-  runs under bf16 autocast (2.3× fp32's matmul throughput on this project's machine; retention
-  moves by < 0.005).
+  runs under bf16 autocast (faster matmuls; retention barely moves).
 
 For a member WITHOUT an eval set, a data-free proxy: on fixed generic prompts, retention =
 1 − KL(p_current ‖ p_merged) / KL(p_current ‖ p_base), where p_current is the adapter serving
 the member now. It measures how much of the member's departure from the base survives.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -41,29 +32,26 @@ from typing import Any, Sequence
 import torch
 
 from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, example_scores, load_eval_set,
-                                prefix_states, right_padded_batch, shared_prefix, supports_prefix)
+                                right_padded_batch, shared_prefix, supports_prefix)
 from zenedge.pool.phases import Phases
+from zenedge.pool.verdict import (FLOOR, MIN_EXAMPLES, Verdict, accuracy_verdict, retention, verdict,
+                                  verdict_of)
 from zenedge.runtime import threads
+from zenedge.runtime.backbone import prefix_states
 from zenedge.runtime.model import ResidentModel
+from zenedge.runtime.prompts import chat_ids
 from zenedge.runtime.variants import Variant
 
 MAX_EXAMPLES = 64     # the most examples of a set the gate reads (a borderline verdict)
-MIN_EXAMPLES = 16     # read before any verdict: enough for a first variance estimate
-ROUND = 8             # examples per member per round after the first
-CONFIDENCE = 2.0      # standard errors between the mean of z and 0 before stopping early
-INDIFFERENCE = 0.05   # a retention known to ±this around the threshold is too close to matter: decide
+ROUND = 8             # examples per member per round after the first (MIN_EXAMPLES in the first)
 MAX_LEN = 384
 SCORE_BATCH = 8         # rows per scoring batch: 6 batches for a 48-row round keep two lanes even (threads.py)
 MIN_SHARED = 8        # shorter shared prefixes are not worth a separate pass
 VERIFY_EXAMPLES = 2   # examples of a registry's claimed anchors re-measured (base and own) before they are used
-# How far a re-measured summed answer loss may sit from the claimed one: bf16 vs fp32 scoring moved
-# them by up to 0.08 nats per token on 3-token answers (arith), 0.02 on long ones; another base or a
-# wrong adapter moves them by nats.
+# How far a re-measured summed answer loss may sit from the claimed one: bf16 vs fp32 scoring moves
+# them by hundredths of a nat per token (most on short answers); another base or a wrong adapter
+# moves them by nats.
 VERIFY_SLACK, VERIFY_PER_TOKEN = 0.5, 0.05
-GAIN_EPS = 1e-3       # below this (nats per token), the member did not improve on the base: nothing to keep
-ACCURACY_GAIN = 0.05  # a member whose own adapter gets this much more of its answer tokens right than the
-                      # base (teacher-forced argmax) may also pass on keeping that gain (see `verdict_of`)
-FLOOR = 0.5           # ... and is refused when clearly below this much of it in either (or the threshold)
 # Registry claims checked per resident model (`QualityGate._check_claims`); weak: a dropped base takes its entries.
 _CONFIRMED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, bool]]" = weakref.WeakKeyDictionary()
 GENERIC_PROMPTS = [
@@ -71,94 +59,6 @@ GENERIC_PROMPTS = [
     "How do I boil an egg?", "List three colours.", "Explain what a computer is.",
     "What is 12 plus 30?", "Describe a cat in five words.",
 ]
-
-
-def retention(base_loss: float, own_loss: float, merged_loss: float) -> float:
-    """Fraction of the member's loss improvement the merged adapter keeps (can be < 0 or > 1)."""
-    gain = base_loss - own_loss
-    if gain < GAIN_EPS:  # the adapter never helped on its own set: only ask that merging not hurt
-        return 1.0 if merged_loss <= max(base_loss, own_loss) + GAIN_EPS else 0.0
-    return (base_loss - merged_loss) / gain
-
-
-@dataclass(frozen=True)
-class Verdict:
-    decided: bool
-    passed: bool
-    retention: float      # on the examples read so far
-    examples: int
-
-
-def verdict(base: Sequence[float], own: Sequence[float], merged: Sequence[float], tokens: Sequence[int],
-            threshold: float, population: int) -> Verdict:
-    """Sequential test of "retention ≥ threshold on the whole set" from the first n examples
-    (per-example summed losses; `population` = how many the whole set has). Decided when every
-    example is read, or when n ≥ MIN_EXAMPLES and the mean of z is CONFIDENCE standard errors
-    (with the finite-population correction) away from 0."""
-    n = len(merged)
-    count = max(1, sum(tokens[:n]))
-    b, o, m = sum(base[:n]) / count, sum(own[:n]) / count, sum(merged[:n]) / count
-    value = retention(b, o, m)
-    gain = 0.0   # per example, for the indifference zone (none when there is no gain to keep)
-    if b - o < GAIN_EPS:  # the same rule as retention(): the merge must not hurt
-        ref = base if b >= o else own
-        z = [ref[i] + GAIN_EPS * tokens[i] - merged[i] for i in range(n)]
-    else:
-        z = [(base[i] - merged[i]) - threshold * (base[i] - own[i]) for i in range(n)]
-        gain = (sum(base[:n]) - sum(own[:n])) / n
-    total = sum(z)
-    if n >= population:
-        return Verdict(True, total >= 0, value, n)
-    if n < MIN_EXAMPLES:
-        return Verdict(False, False, value, n)
-    mean = total / n
-    variance = sum((v - mean) ** 2 for v in z) / (n - 1)
-    error = math.sqrt(variance / n * (population - n) / max(1, population - 1))
-    if mean - CONFIDENCE * error > 0:
-        return Verdict(True, True, value, n)
-    if mean + CONFIDENCE * error < 0:
-        return Verdict(True, False, value, n)
-    # Retention - threshold = mean(z) / gain: once its interval is narrower than ±INDIFFERENCE the
-    # merge sits on the threshold, where either verdict is as good; reading on would not change that.
-    if CONFIDENCE * error < INDIFFERENCE * gain:
-        return Verdict(True, mean >= 0, value, n)
-    return Verdict(False, False, value, n)
-
-
-def accuracy_verdict(base: Sequence[int], own: Sequence[int], merged: Sequence[int], tokens: Sequence[int],
-                     threshold: float, population: int) -> Verdict | None:
-    """The same sequential test on teacher-forced answer-token accuracy (hits per example: more is
-    better, so the counts go in negated); None where the member's own adapter does not get at least
-    ACCURACY_GAIN more of its answer tokens right than the base (then there is no such gain to keep,
-    and "not worse than the base" would pass anything)."""
-    n = len(merged)
-    if (sum(own[:n]) - sum(base[:n])) < ACCURACY_GAIN * max(1, sum(tokens[:n])):
-        return None
-    return verdict([-v for v in base], [-v for v in own], [-v for v in merged], tokens, threshold, population)
-
-
-def verdict_of(loss: Verdict, accuracy: Verdict | None,
-               floors: Sequence[tuple[Verdict, str]] = ()) -> tuple[Verdict, str]:
-    """A member keeps enough of its gain if the merge keeps `threshold` of it in answer likelihood OR
-    in answer tokens right, unless it is clearly below the floor in either (`floors`: both tests at
-    min(FLOOR, threshold)). Loss alone is harsh on near-deterministic tasks (an own adapter at 0.002
-    nats per token: a merged one at 0.2 still answers every example right, and keeps 60 % of the
-    likelihood gain); token accuracy alone says little where answers are free text; and either one
-    alone lets through a merge that keeps the likelihood and loses the answers (`units` kept
-    0.72-0.81 of its likelihood gain in merges that then answered none of its scored examples;
-    BENCHMARKS.md). The floor only refuses: a pass does not wait for its verdict (token accuracy
-    is the noisier of the two, and waiting read 24 examples of a plainly kept merge instead of 16)."""
-    if accuracy is None:
-        return loss, "loss"
-    for value, metric in floors:
-        if value.decided and not value.passed:
-            return value, metric
-    for value, metric in ((loss, "loss"), (accuracy, "accuracy")):
-        if value.decided and value.passed:
-            return value, metric
-    if loss.decided and accuracy.decided:
-        return max(((loss, "loss"), (accuracy, "accuracy")), key=lambda pair: pair[0].retention)
-    return Verdict(False, False, max(loss.retention, accuracy.retention), loss.examples), "loss"
 
 
 @dataclass
@@ -537,9 +437,7 @@ class QualityGate:
         tokenizer, model, device = self.resident.tokenizer, self.resident.model, self.resident.device
 
         def run(prompt: str) -> torch.Tensor:   # on a lane (threads.map_lanes): grad mode is per thread
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            ids = chat_ids(tokenizer, [{"role": "user", "content": prompt}])
             with torch.no_grad(), self.resident.state.using([variant], plain=True):
                 logits = model(input_ids=torch.tensor([ids], device=device)).logits
             return torch.log_softmax(logits[0].float(), dim=-1)

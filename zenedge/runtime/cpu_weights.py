@@ -8,26 +8,23 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
   fp32; the packed one does. Used when the model itself is bf16.
 - `Int8Weight`: weight-only int8, one scale per output channel (`aten._weight_int8pack_mm`).
 - `Int4Weight`: weight-only int4, asymmetric, one scale and zero per 32 inputs
-  (`aten._weight_int4pack_mm_for_cpu`, the CPU twin of gpt-fast's tinygemm path). A quarter of
-  the bf16 bytes (plus 1/8 for scales): one step's matmuls 35.2 → 14.3 ms against fp32 (bf16 head
-  included), answer loss within 0.023 nats of fp32 on the profiles' eval sets (BENCHMARKS.md).
+  (`aten._weight_int4pack_mm_for_cpu`, the CPU twin of gpt-fast's tinygemm path): a quarter of
+  the bf16 bytes (plus 1/8 for scales), at a small cost in answer loss (BENCHMARKS.md).
 - `NativeInt4Weight`: the same int4 weights (same bytes, same dequantized values) multiplied by
   zenedge's own C kernel (kernels/native/int4_gemv.c, built on first use where the CPU has AVX-512 BF16
-  and a C compiler is found): it keeps closer to memory speed than torch's kernel at one row of
-  x (30 layers' worth of weights streamed: 1.23-1.28× faster, `python -m zenedge.bench.cpu_kernels`)
-  and takes and returns fp32; at 2-32 rows torch's is faster (0.7-0.8×). The int4 format's default
-  wherever it builds (decode steps are one row per request); `Int4Weight` everywhere else.
+  and a C compiler is found): at one row of x it keeps closer to memory speed than torch's kernel,
+  and takes and returns fp32; at a few rows torch's is faster. The int4 format's default wherever
+  it builds (decode steps are one row per request); `Int4Weight` everywhere else.
 - `NativeInt8Weight`: int8 in groups of 32 inputs with an fp16 scale each (llama.cpp's Q8_0),
-  zenedge's C kernel (kernels/native/int8_gemv.c): the output head of an int4 model where it builds,
-  30 MB for SmolLM2-135M's head where bf16 reads 57 (the largest weight of a step); for the
-  embedded base, whose GGUF stores that weight as Q8_0, exactly the file's numbers.
+  zenedge's C kernel (kernels/native/int8_gemv.c): the output head of an int4 model where it builds
+  (the largest weight of a step, about half of bf16's bytes); for the embedded base, whose GGUF
+  stores that weight as Q8_0, exactly the file's numbers.
 
-torch's quantized kernels want bf16 activations (their fp32 paths are 10-30× slower), so `linear`
+torch's quantized kernels want bf16 activations (their fp32 paths are far slower), so `linear`
 casts x to bf16 and the result back: two tiny copies per matmul, whatever the model's dtype (the
 C kernel rounds x to bf16 itself and sums in fp32).
 The plain weight stays the model's parameter (state_dict, BitDelta reconstruction and export
-read it; prefill and the quality gate multiply with it); the fast copy is extra memory (int4
-copies + bf16 head: +23 % of an fp32 SmolLM2-135M, 123 MB beside 540).
+read it; prefill and the quality gate multiply with it); the fast copy is extra memory.
 
 `runtime.weights` picks the format: "full" (the model dtype's own weights, packed when bf16),
 "int8" or "int4"; CPU only. A weight whose shape a kernel cannot take stays plain.
@@ -38,7 +35,7 @@ three or two, bit for bit the same products.
 
 `settle` stacks those groups when a model is converted (or a BitDelta densified) and moves the C
 kernels' copies into 2 MB pages: streaming a model's weights through 4 KB pages, a core spends
-much of its time on TLB misses (this VM: 15 GB/s read through 4 KB pages, 30 GB/s through 2 MB).
+much of its time on TLB misses.
 This module knows weights, not models: it imports nothing else of the runtime. Giving a model its
 copies is `transforms.convert_model`; the head's wrapper module is `layers.FastLinear`.
 """
@@ -79,8 +76,8 @@ class CpuWeight:
 
     def matmul_fn(self, bias: torch.Tensor | None, *, cast: bool = True):
         """`x [N, in] → linear(x, bias)` for 2-D x with as little Python as possible between the
-        caller and the kernel: the lean decode step makes 211 of these calls per token, and the
-        wrappers around a 22 µs int4 product cost ~8 µs more. `cast=False`: the result may stay
+        caller and the kernel: the lean decode step makes one of these calls per linear per token,
+        and the wrappers around a kernel cost a sizeable share of it. `cast=False`: the result may stay
         in the kernel's dtype, for a caller that only adds it to an fp32 tensor (type promotion
         widens it exactly as the cast would: the same sum, one op fewer)."""
         product = self._matmul if cast else self._product
@@ -92,8 +89,8 @@ class CpuWeight:
 class OneDnnBF16(CpuWeight):
     """bf16 in oneDNN's blocked layout (batch hint 1: laid out for decode). Also the output head
     of an int8 model, and of an int4 one where the int8 kernel does not build: its rounding lands
-    straight in the logits, and on the profiles' eval sets an int4 head costs up to 0.06 nats of
-    answer loss where a bf16 one costs ≤ 0.007."""
+    straight in the logits, where an int4 head costs far more answer loss than a bf16 one
+    (BENCHMARKS.md)."""
 
     def __init__(self, weight: torch.Tensor):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16), 1)
@@ -266,9 +263,8 @@ class NativeInt4Weight(CpuWeight):
 class NativeInt8Weight(CpuWeight):
     """Symmetric int8 in groups of GROUP inputs, W ≈ q·scale with one fp16 scale per group
     (llama.cpp's Q8_0: a weight that came from a Q8_0 tensor gets exactly its codes and scales
-    back), multiplied by zenedge's C kernel (kernels/native/int8_gemv.c), fp32 in and out. Per-channel
-    int8 scales lost up to 0.07 nats on the head (BENCHMARKS.md); groups of 32 follow the
-    embedding's outlier columns."""
+    back), multiplied by zenedge's C kernel (kernels/native/int8_gemv.c), fp32 in and out. Groups of
+    32 follow the embedding's outlier columns, which per-channel int8 scales lose (BENCHMARKS.md)."""
 
     GROUP = 32
     lossy = True

@@ -27,7 +27,6 @@ benchmarks); the DynamicStepper always uses `model(...)`.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,7 +35,8 @@ from typing import Iterator, Protocol, Sequence
 import torch
 
 from zenedge.kernels import native
-from zenedge.runtime import lean_llama
+from zenedge.runtime import c_step, lean_llama
+from zenedge.runtime.backbone import cache_argument
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
 
@@ -62,15 +62,6 @@ class Stepper(Protocol):
     def set_batch(self, batch: RowVariants, fresh: Sequence[int] = ()) -> None:
         """The rows are now `batch`'s (rows may be added or dropped at the end); rows in `fresh`
         start new requests, empty."""
-
-
-def cache_argument(model) -> str:
-    """The KV-cache keyword of this transformers version (`cache` since 5.x, `past_key_values` before)."""
-    keyword = getattr(model, "_zenedge_cache_kw", None)
-    if keyword is None:
-        keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        model._zenedge_cache_kw = keyword   # looked up once per model: signature() costs ~50 µs
-    return keyword
 
 
 def static_cache_supported(model) -> bool:
@@ -353,4 +344,4 @@ def decode_path(model, device: torch.device, weights: str, graphs: bool = True) 
     isa, why = native.in_use() if device.type == "cpu" else (None, f"the model is on {device.type}, not the CPU")
     on = isa is not None
     return DecodePath(stepper, "transformers" if refused else "lean", weights, on, None if on else why,
-                      isa, why if on else None, refused, lean_llama.c_step_fallback(model))
+                      isa, why if on else None, refused, c_step.c_step_fallback(model))

@@ -3,14 +3,13 @@ L2-normalised, with a profile's variant applied (so a profile embeds text the wa
 
 Texts are right-padded into micro-batches. In a causal model a real token never attends to the pads
 that follow it, and the mean skips them, so a text's vector does not depend on what it is batched
-with (up to float rounding in the matmuls). The forward runs the backbone only (no LM head: 49k
-logits per token would cost more than the layers) with the plain weights, as prefill and scoring
-do: the int8/int4 copies are for decode steps.
+with (up to float rounding in the matmuls). The forward is backbone.py's, the one teacher-forced
+scoring reads text through: the decoder stack only (no LM head: a vocabulary's logits per token
+would cost more than the layers) with the plain weights; the int8/int4 copies are for decode steps.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -21,11 +20,10 @@ import torch.nn.functional as F
 
 from zenedge.errors import InvalidInput
 from zenedge.runtime import threads
-from zenedge.runtime.generate import encode_text
+from zenedge.runtime.backbone import hidden_states, right_padded
 from zenedge.runtime.model import ResidentModel
+from zenedge.runtime.prompts import encode_text
 from zenedge.runtime.variants import Variant
-
-log = logging.getLogger("zenedge.runtime")
 
 
 @dataclass(frozen=True)
@@ -79,21 +77,13 @@ def embed_ids(resident: ResidentModel, variant: Variant | None, ids: Sequence[Se
               batch_tokens: int = EmbeddingLimits.batch_tokens) -> torch.Tensor:
     """Unit vectors [N, hidden] for token-id lists, through `resident`'s backbone with `variant`
     (micro-batches on lanes: threads.map_lanes)."""
-    backbone = resident.model.base_model   # the decoder stack without the LM head
-    hidden = resident.model.config.hidden_size
-    out = torch.empty((len(ids), hidden), dtype=torch.float32)
+    out = torch.empty((len(ids), resident.model.config.hidden_size), dtype=torch.float32)
     pad = resident.tokenizer.pad_token_id or 0
 
     def run(group: list[int]) -> None:
-        width = max(len(ids[i]) for i in group)
-        input_ids = torch.full((len(group), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(group), width), dtype=torch.long)
-        for row, index in enumerate(group):
-            input_ids[row, : len(ids[index])] = torch.as_tensor(ids[index], dtype=torch.long)
-            mask[row, : len(ids[index])] = 1
-        input_ids, mask = input_ids.to(resident.device), mask.to(resident.device)
+        input_ids, mask = (t.to(resident.device) for t in right_padded([ids[i] for i in group], pad))
         with torch.inference_mode(), resident.state.using([variant] * len(group), plain=True):  # per thread
-            states = backbone(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
+            states = hidden_states(resident.model, input_ids, mask)               # [B, W, hidden]
             weights = mask.unsqueeze(-1).to(torch.float32)                        # [B, W, 1]
             mean = (states.float() * weights).sum(dim=1) / weights.sum(dim=1)     # [B, hidden]
             vectors = F.normalize(mean, dim=-1).cpu()
@@ -136,13 +126,5 @@ class Embedder:
         ids = tokenize(resident, texts, min(self.limits.max_tokens, context_length(resident)), truncate)
         with self._lock, self.engine.router.inflight(route):
             vectors = embed_ids(resident, variant, ids, self.limits.batch_tokens)
-        self._record(route)
+        self.engine.record_request(route)      # counted as a generation is
         return Embedded(keep_dimensions(vectors, dimensions), [len(i) for i in ids], load_ns)
-
-    def _record(self, route) -> None:
-        """Count the request in the pool's eviction order, as a generation is counted."""
-        try:
-            if route.adapter is not None:
-                self.engine.store.record_requests(route.adapter["id"])
-        except Exception as exc:  # statistics must never fail a request
-            log.warning("could not record an embedding request for %s: %s", route.name, exc)

@@ -3,6 +3,7 @@ the daemon and the benchmarks share."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -15,13 +16,14 @@ from zenedge.runtime.cache import DeltaCache
 from zenedge.runtime.decode import decode_path
 from zenedge.runtime.dense_bitdelta import DenseBitDeltas
 from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
-from zenedge.runtime.generate import (Delta, GenerationRequest, SamplingParams, check_fits, encode_chat, encode_text,
-                                      generate)
+from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, check_fits, generate
 from zenedge.runtime.model import ResidentModel, load_resident
+from zenedge.runtime.prompts import encode_chat, encode_text
 from zenedge.runtime.router import Route, Router
 from zenedge.runtime.variants import Variant, load_bitdelta, load_lora
 from zenedge.store import Store
 
+log = logging.getLogger("zenedge.runtime")
 
 @dataclass
 class Prompt:
@@ -51,8 +53,8 @@ class Engine:
     def __init__(self, store: Store, cfg: Config, progress: Callable[[str], None] | None = None, *,
                  scoring_only: bool = False):
         """`scoring_only`: this engine only reads text teacher-forced (the pool's quality gate in a
-        CLI process), which runs on the plain weights: no decode-format copies are made (the int4
-        conversion alone is ~1.7 s and a fifth of the base's memory per process)."""
+        CLI process), which runs on the plain weights: no decode-format copies are made (their
+        conversion costs time and memory the process would never use)."""
         self.store = store
         self.cfg = cfg
         self.threads = threads.configure(cfg.runtime.threads)
@@ -104,15 +106,31 @@ class Engine:
         return variant
 
     # -- generation ----------------------------------------------------------------------------
+    def request(self, route: Route, resident: ResidentModel, prompt: Prompt, params: SamplingParams,
+                cancelled: threading.Event | None = None) -> GenerationRequest:
+        """`prompt` for `route` on its resident base as a generation request: encoded, checked
+        against the context before the variant is loaded, and counted. The one preparation of the
+        engine's own calls and the daemon's scheduler."""
+        input_ids = prompt.encode(resident.tokenizer)
+        check_fits(resident, input_ids)
+        request = GenerationRequest(input_ids, self.variant(route), params, cancelled)
+        self.record_request(route)
+        return request
+
+    def record_request(self, route: Route) -> None:
+        """Count a request (a generation, an embedding) in the pool's eviction order. Statistics
+        never fail a request: a failed write is logged."""
+        if route.adapter is None:
+            return
+        try:
+            self.store.record_requests(route.adapter["id"])
+        except Exception as exc:
+            log.warning("could not record a request for %s: %s", route.name, exc)
+
     def _prepare(self, name: str, prompt: Prompt, params: SamplingParams) -> tuple[Route, ResidentModel, GenerationRequest]:
         route = self.router.route(name)
         resident = self.resident(route.base)
-        input_ids = prompt.encode(resident.tokenizer)
-        check_fits(resident, input_ids)                      # before the variant is loaded
-        request = GenerationRequest(input_ids, self.variant(route), params)
-        if route.adapter is not None:
-            self.store.record_requests(route.adapter["id"])
-        return route, resident, request
+        return route, resident, self.request(route, resident, prompt, params)
 
     def stream(self, name: str, prompt: Prompt, params: SamplingParams = SamplingParams()) -> Iterator[Delta]:
         """One request, streamed: yields each step's Delta (text may be empty while holding back)."""

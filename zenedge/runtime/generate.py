@@ -1,5 +1,6 @@
-"""Generation: chat-templated prompts, greedy or sampled decoding of a batch of requests whose rows
-may use different variants, streamed step by step with incremental detokenisation and stop strings.
+"""Generation: greedy or sampled decoding of a batch of requests (prompts as token ids: prompts.py)
+whose rows may use different variants, streamed step by step with incremental detokenisation and
+stop strings.
 
 Each request's prompt is prefilled alone, in chunks of PREFILL_CHUNK tokens counted from its own
 start, and one forward serves every decoding row's next token. A request gets the same tokens
@@ -70,23 +71,6 @@ class Delta:
     text: str
     token_id: int | None
     finish_reason: str | None = None   # "stop" (eos or stop string) | "length"
-
-
-def encode_chat(tokenizer, messages: Sequence[dict]) -> list[int]:
-    """Messages in OpenAI form → token ids through the base's own chat template."""
-    for message in messages:
-        if not isinstance(message, dict) or message.get("role") not in {"system", "user", "assistant"} \
-                or not isinstance(message.get("content"), str):
-            raise InvalidInput("each message needs a role (system, user, assistant) and string content")
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def encode_text(tokenizer, prompt: str) -> list[int]:
-    """A raw completion prompt (no chat template)."""
-    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
 def check_fits(resident: ResidentModel, input_ids: Sequence[int]) -> None:

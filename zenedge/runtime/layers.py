@@ -147,7 +147,7 @@ class VariantLinear(nn.Module):
 
     def bound(self, batch: RowVariants | None, *, cast: bool = True):
         """What a decode step of `batch` (2-D x, not plain) may call instead of this module, with
-        the same result and ~8 µs less Python: the base kernel where no variant touches this
+        the same result and less Python: the base kernel where no variant touches this
         linear, plus the LoRA product or through the hot BitDelta's dense copy where one variant
         does; the module for mixed rows. `cast=False`: the result may stay in the kernel's dtype
         where the caller only adds it to an fp32 tensor (CpuWeight.matmul_fn)."""
@@ -162,7 +162,7 @@ class VariantLinear(nn.Module):
 
             def bitdelta(x):
                 # delta.dense is read per call: the cache may densify or drop it mid-request. Its
-                # kernel called directly, not through _bitdelta: 0.88× → 0.95-1.0× of the base.
+                # kernel called directly, not through _bitdelta: nearly the base's speed.
                 dense = delta.dense
                 if isinstance(dense, CpuWeight):
                     return dense.matmul_fn(bias, cast=cast)(x)
@@ -174,11 +174,11 @@ class VariantLinear(nn.Module):
         return self
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
-        # Functional calls: no nn.Module dispatch for the inner linear (210 of them per token).
+        # Functional calls: no nn.Module dispatch for the inner linear (one per linear per token).
         # A decode loop's prefill (and teacher-forced scoring, which reads text the same way)
         # multiplies with the plain weights, not int8/int4 copies: it is compute-bound, where fp32
-        # GEMM beats kernels that dequantise as they go (int4 wins below ~32 rows, fp32 is 2×
-        # faster at 256). Always, not by size: a request must give the same tokens alone as in
+        # GEMM beats kernels that dequantise as they go (those win only at a few rows). Always,
+        # not by size: a request must give the same tokens alone as in
         # any batch. Decode steps, and forwards that do not ask (`plain=False`), use the copies.
         if self.fast is None or (self.state.plain and self.fast.lossy):
             return F.linear(x, self.base.weight, self.base.bias)
@@ -238,7 +238,7 @@ _KERNEL = "_zenedge_lora_kernel"
 
 def add_lora_(y: torch.Tensor, x: torch.Tensor, factors: LoraFactors, *, per_row: bool) -> torch.Tensor:
     """y += scale·(x·Aᵀ)·Bᵀ in place; y: [N, out] (rows may be strided, e.g. a slice of a stacked
-    product), x: [N, in]. Low rank first: x·Aᵀ is [N, r], so the delta costs ~2·r·(in+out) per row.
+    product), x: [N, in]. Low rank first: x·Aᵀ is [N, r], so the delta costs about 2·r·(in+out) per row.
 
     `per_row`: the rows are different requests (a decode step), so each must be summed the same way
     whatever the others are: the C kernel (kernels/native/lora_add.c) where it takes the factors (fp32 on
@@ -435,7 +435,7 @@ class StepProduct:
 
 def step_product(linears, batch: RowVariants | None) -> StepProduct | None:
     """The product a decode step of `batch` makes of `linears` (VariantLinears without bias), as
-    data for a caller that runs it elsewhere (lean_llama.FusedStep): one copy for every row (the
+    data for a caller that runs it elsewhere (c_step.FusedStep): one copy for every row (the
     base's, or, where one variant covers every row, its dense copy), and each variant's LoRA and
     sign slices on its rows. None where that is not what the Python step computes: a bias, a dense
     copy in a mixed batch or beside another delta, a delta no kernel takes."""

@@ -1,15 +1,16 @@
 """A lean functional forward for Llama-architecture models, used by the static-cache steppers.
 
-Decoding a small model at batch 1 on a CPU, transformers' own forward costs several ms per token
-that are not matmuls: some thousand small ops, module calls, hooks, mask and cache plumbing,
-output dataclasses. This forward does the same math in the fewest ops we know, on the model's own
+Decoding a small model at batch 1 on a CPU, much of transformers' own forward is not matmuls:
+some thousand small ops, module calls, hooks, mask and cache plumbing, output dataclasses. This
+forward does the same math in the fewest ops we know, on the model's own
 modules: the embedding, the rotary embedding (every rope scaling transformers supports stays
 right), the target linears (VariantLinear: per-row variants still apply), the activation, the
 output head (possibly a wrapper). Only the glue between them (RMSNorm, rope, attention, the
 residual adds) is done here, with transformers' numerics up to op order (fp32 RMSNorm and the
 decode step's attention run in zenedge's C kernels where they build, kernels/native/, else
-torch's ops): fp32 logits agree to ~1e-6 relative; bf16 ones differ by bf16 rounding and stay as
-close to fp32 as transformers' own.
+torch's ops): fp32 logits agree up to float rounding; bf16 ones differ by bf16 rounding and stay
+as close to fp32 as transformers' own. Where every layer allows it, the whole decode step runs as
+one C call (c_step.py), bit for bit the Python step's numbers.
 
 A decode step's rows are different requests, and a request must decode the same tokens alone as
 in any batch, so no op of a step mixes rows or changes its summation order with their number:
@@ -28,9 +29,7 @@ To force the transformers path on a model (tests, benchmarks): `set_enabled(mode
 
 from __future__ import annotations
 
-import ctypes
 import importlib
-import logging
 from functools import partial
 
 import torch
@@ -38,10 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from zenedge.kernels import native
-from zenedge.runtime import cpu_weights
-from zenedge.runtime.layers import bound, products, step_product
-
-log = logging.getLogger("zenedge.runtime")
+from zenedge.runtime.c_step import FusedStep
+from zenedge.runtime.layers import bound, products
 
 # model_type → (transformers module, class-name prefix). Mistral and Qwen2 are Llama's math exactly
 # once no layer slides its window (their only difference; the rule below refuses sliding): same
@@ -69,8 +66,8 @@ def supported(model: nn.Module) -> bool:
 
 def lean_forward(model: nn.Module, batch=None) -> "LeanLlama | None":
     """The lean forward of `model` for one request's `batch` (its RowVariants), or None when it is
-    disabled or the model is not supported. Checked and built per request (~1 ms of module
-    lookups), so a module swapped or hooked after loading is picked up."""
+    disabled or the model is not supported. Checked and built per request, so a module swapped or
+    hooked after loading is picked up."""
     if refusal(model) is not None:
         return None
     return LeanLlama(model, batch)
@@ -150,9 +147,9 @@ class LeanLlama:
                 _norm(layer.post_attention_layernorm), mlp.gate_proj, mlp.up_proj, mlp.down_proj,
                 _activation(mlp.act_fn)))
         # A decode step's linears, bound once for the request (layers.py: the per-row variants):
-        # where no row's variant touches a linear, its kernel is called directly, skipping ~8 µs
-        # of module and wrapper calls each, 211 times per token; q/k/v and gate/up then run as
-        # one product each where their copies stack. o and down only feed residual adds: their
+        # where no row's variant touches a linear, its kernel is called directly, skipping the
+        # module and wrapper calls; q/k/v and gate/up then run as one product each where their
+        # copies stack. o and down only feed residual adds: their
         # kernels' bf16 outputs are added as they are (cast=False, the same sums).
         self.step_layers = [(i, norm1, products((q, k, v), batch), bound(o, batch, cast=False), heads, kv_heads,
                              dim, _decode_attention(heads, kv_heads, dim, scaling, self.embed.weight),
@@ -289,162 +286,6 @@ def _gated(act, gate_width: int, up_width: int, like: torch.Tensor):
     return gated
 
 
-class FusedStep:
-    """A decode step of every layer as one C call (kernels/native/decode_step.c): the same kernels, in
-    the same order, with the same roundings as `_decode`, without its ~50 torch ops and Python
-    calls per layer. Built per request (and per change of its rows) where every product is a
-    C-kernel int4 copy (the base's for every row, or a hot BitDelta's dense one where it serves
-    every row) plus each row's variant as LoRA slices or packed 1-bit sign slices, with no bias,
-    the norms, attention and SiLU run in C, and the model is fp32; else None and `_decode` runs
-    (`refusal` says why)."""
-
-    def __init__(self, kernel, layers, shape, keep, copies):
-        self.kernel, self.layers, self.shape = kernel, layers, shape
-        self.keep = keep                  # the tensors the structures point into
-        # [(BitDeltaModule, its dense copy when the step was built: the one the structures read, or
-        # None for a packed delta read through its signs)]: the step holds while these still hold
-        self.copies = copies
-        self.cache = None                 # the KV views the structures point into (this step's)
-
-    @classmethod
-    def build(cls, model: nn.Module, lean: "LeanLlama", batch) -> "FusedStep | None":
-        weight = lean.embed.weight
-        if weight.dtype != torch.float32 or weight.device.type != "cpu" or not lean.layers:
-            return None                  # (checked first: a CUDA model never builds the CPU kernels)
-        kernel = native.decode_step()
-        if kernel is None:
-            return None                  # (the decode path reports why the kernels are off)
-        keep, copies = [], []
-        layers = (native.Layer * len(lean.layers))()
-        refused = cls._fill(model, lean, batch, layers, keep, copies)
-        _remember_fallback(model, refused)
-        if refused is not None:
-            return None
-        first = lean.layers[0]
-        shape = native.Shape(weight.shape[1], first[6], first[7], first[8], first[11].weight.shape[0], first[9])
-        return cls(kernel, layers, shape, keep, copies)
-
-    @staticmethod
-    def _fill(model, lean, batch, layers, keep: list, copies: list) -> str | None:
-        """Fill the layers' structures; why the C step cannot run this batch, or None."""
-        first, weight = lean.layers[0], lean.embed.weight
-        heads, kv_heads, dim, scaling, intermediate = first[6], first[7], first[8], first[9], first[11].weight.shape[0]
-        if native.decode_attention_fn(heads, kv_heads, dim, scaling, weight.dtype, weight.device) is None:
-            return f"attention of {heads} heads over {kv_heads} of {dim}: not the C kernel's shape"
-        for (i, _, q, k, v, o, h, h_kv, d, s, _, gate, up, down, act), layer, entry in zip(
-                lean.layers, list(model.model.layers), layers):
-            norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if (h, h_kv, d, s) != (heads, kv_heads, dim, scaling) or act is not F.silu \
-                    or up.weight.shape[0] != intermediate \
-                    or any(n.weight.dtype != torch.float32 or n.weight.dim() != 1 for n in norms):
-                return f"layer {i} differs from the first, or its activation is not SiLU"
-            for name, linears in (("qkv", (q, k, v)), ("o", (o,)), ("gate_up", (gate, up)), ("down", (down,))):
-                refused = _describe(getattr(entry, name), linears, batch, keep, copies)
-                if refused is not None:
-                    return f"layer {i} {name}: {refused}"
-            entry.norm1, entry.norm2 = (n.weight.detach().data_ptr() for n in norms)
-            entry.eps1, entry.eps2 = (n.variance_epsilon for n in norms)
-        keep += [layer.input_layernorm.weight for layer in model.model.layers]
-        keep += [layer.post_attention_layernorm.weight for layer in model.model.layers]
-        return None
-
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, view) -> bool:
-        """Run the step on x [n, hidden] in place; False (nothing done) where it cannot: a dense
-        copy dropped or replaced since the request began, a cache laid out otherwise."""
-        if view.host_lengths is None or any(delta.dense is not copy for delta, copy in self.copies):
-            return False
-        keys, values = view.layers[0][1], view.layers[0][2]
-        n, length = x.shape[0], keys.shape[2]
-        layout = (len(view.layers), keys.data_ptr(), values.data_ptr(), keys.stride())
-        if layout != self.cache:
-            if not self._point_at(view):
-                return False
-            self.cache = layout
-        if not (x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-                and x.dtype == cos.dtype == sin.dtype == torch.float32 and keys.shape[0] == n
-                and view.positions.dtype == view.lengths.dtype == torch.int64):
-            return False
-        status = self.kernel(x.data_ptr(), n, self.layers, len(self.layers), ctypes.byref(self.shape), cos.data_ptr(),
-                             sin.data_ptr(), view.positions.data_ptr(), view.lengths.data_ptr(), length)
-        if status:
-            raise RuntimeError(f"the C decode step failed (status {status})")
-        return True
-
-    def _point_at(self, view) -> bool:
-        """Point every layer's structure at this step's cache views (D contiguous, positions D
-        apart, keys and values alike, as the attention kernel reads them)."""
-        if len(view.layers) != len(self.layers):
-            return False
-        for entry, (_, keys, values) in zip(self.layers, view.layers):
-            strides = keys.stride()
-            if keys.dtype != torch.float32 or values.stride() != strides or strides[2:] != (self.shape.dim, 1) \
-                    or values.dtype != torch.float32 or keys.shape[1] != self.shape.kv_heads:
-                return False
-            entry.keys, entry.values = keys.data_ptr(), values.data_ptr()
-            entry.strides[:] = strides[:3]
-        return True
-
-
-def _describe(entry, linears, batch, keep: list, copies: list) -> str | None:
-    """Fill a native.Product with what the Python step multiplies `linears` by for a decode step
-    of `batch` (layers.step_product: their int4 copies stacked, each variant's LoRA and sign slices
-    on its rows); why the C step cannot do the same, or None."""
-    step = step_product(linears, batch)
-    if step is None:
-        return "a bias, a dense BitDelta copy beside other rows' variants, or a delta no C kernel takes"
-    if type(step.weight) is not cpu_weights.NativeInt4Weight:
-        return "its weights are not the C int4 kernel's"
-    if any(len(d.loras) > native.MAX_SLICES or len(d.signs) > native.MAX_SLICES for d in step.deltas):
-        return f"a variant adds more than {native.MAX_SLICES} slices"
-    tensors, pointers = step.weight._weights
-    entry.codes, entry.scale, entry.zero = pointers
-    entry.rows, entry.inputs = step.weight.rows, step.weight.inputs
-    keep.extend(tensors)
-    deltas = (native.Delta * max(len(step.deltas), 1))()
-    for slot, delta in zip(deltas, step.deltas):
-        if delta.rows is not None:
-            rows = delta.rows.to(torch.int64).contiguous()
-            keep.append(rows)
-            slot.rows, slot.count = rows.data_ptr(), rows.numel()
-        slot.loras, slot.signs = len(delta.loras), len(delta.signs)
-        for lora, (offset, width, factors) in zip(slot.lora, delta.loras):
-            if native.lora_add_fn(factors.A, factors.B.t(), factors.scale) is None:
-                return f"a LoRA of rank {factors.A.shape[0]} the C kernel does not take"
-            a, b_t = factors.A.detach().contiguous(), factors.B.detach().t().contiguous()
-            keep += [a, b_t]
-            lora.a, lora.bt, lora.rank, lora.scale = a.data_ptr(), b_t.data_ptr(), a.shape[0], factors.scale
-            lora.offset, lora.width = offset, width
-        for sign, (offset, width, module) in zip(slot.sign, delta.signs):
-            packed, alpha = module.packed.contiguous(), module.alpha.contiguous()
-            keep += [packed, alpha]
-            sign.signs, sign.alpha, sign.offset, sign.width = packed.data_ptr(), alpha.data_ptr(), offset, width
-    keep.append(deltas)
-    entry.deltas, entry.delta = len(step.deltas), deltas
-    copies.extend(step.hot)
-    signs = [module for delta in step.deltas for _, _, module in delta.signs]
-    copies.extend((module, None) for module in signs)    # packed: valid while no dense copy replaces it
-    return None
-
-
-_FALLBACK_ATTR = "_zenedge_c_step_fallback"
-_logged_fallbacks: set[str] = set()
-
-
-def _remember_fallback(model: nn.Module, reason: str | None) -> None:
-    """Keep why the latest batch on `model` ran the Python step (None: the C step), for the decode
-    path's report (decode.decode_path: doctor, /api/ps); log each reason once per process. Never
-    an error: the Python step computes the same numbers."""
-    setattr(model, _FALLBACK_ATTR, reason)
-    if reason is not None and reason not in _logged_fallbacks:
-        _logged_fallbacks.add(reason)
-        log.info("a decode batch runs the Python step, not the one-call C step: %s", reason)
-
-
-def c_step_fallback(model: nn.Module) -> str | None:
-    """Why the latest decode batch on `model` ran the Python step instead of the C step, or None."""
-    return getattr(model, _FALLBACK_ATTR, None)
-
-
 def _decode_attention(heads: int, kv_heads: int, dim: int, scaling: float, like: torch.Tensor):
     """One query per row: (q [n, H, D], keys/values [n, H_kv, L, D], the StepView) → [n, H·D],
     each row over its own first `view.lengths` positions: through the C kernel where it takes the
@@ -496,7 +337,7 @@ def _norm(module: nn.Module):
     shape = weight.shape
     if weight.dtype == torch.float32:
         # the casts are identities: one fused op, the C kernel's where it builds (torch's CPU
-        # rms_norm is a dozen small ops, ~12 µs at 576 wide; 2 × layers + 1 of them per token)
+        # rms_norm is a dozen small ops, and a token runs 2 × layers + 1 of them)
         fused = native.rms_norm_fn(weight, eps) or partial(F.rms_norm, normalized_shape=shape, weight=weight, eps=eps)
 
         def fp32_weight(x):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zenedge.runtime.engine import Engine, Prompt
-from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, check_fits, generate
+from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, generate
 from zenedge.runtime.router import Route
 from zenedge.server.errors import QueueFull, ShuttingDown
 
@@ -204,22 +204,10 @@ class Scheduler:
         """The job's request (prompt encoded and checked against the context, variant loaded), or
         None after delivering its error."""
         try:
-            ids = job.prompt.encode(resident.tokenizer)
-            check_fits(resident, ids)
-            request = GenerationRequest(ids, self.engine.variant(job.route), job.params, job.cancelled)
+            return self.engine.request(job.route, resident, job.prompt, job.params, job.cancelled)
         except Exception as exc:
             self._deliver([(job, ("error", exc))], finishing=True)
             return None
-        self._record(job.route)
-        return request
-
-    def _record(self, route: Route) -> None:
-        if route.adapter is None:
-            return
-        try:
-            self.engine.store.record_requests(route.adapter["id"])
-        except Exception as exc:  # request statistics must never fail a request
-            log.warning("could not record a request for %s: %s", route.name, exc)
 
     def _deliver(self, items: list[tuple[Job, tuple]], finishing: bool = False) -> None:
         """Hand events to their jobs' event loops: one callback per loop per call."""

@@ -1,10 +1,10 @@
-"""The gate's sequential test (zenedge.pool.gate.verdict): pure arithmetic, checked as properties."""
+"""The gate's verdicts (zenedge.pool.verdict): pure arithmetic, checked as properties."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zenedge.pool.gate import GAIN_EPS, MIN_EXAMPLES, retention, verdict
+from zenedge.pool.verdict import GAIN_EPS, MIN_EXAMPLES, retention, verdict
 
 
 def sets(min_size=1, max_size=64):
@@ -93,7 +93,7 @@ def test_retention_formula():
 def test_a_near_deterministic_member_passes_on_answers_kept_right():
     """Own adapter at ~0 loss and every answer token right: a merge at 0.2 nats per token that
     still gets every token right keeps only ~60 % of the likelihood gain, but all of the accuracy."""
-    from zenedge.pool.gate import accuracy_verdict, verdict_of
+    from zenedge.pool.verdict import accuracy_verdict, verdict_of
 
     n, tokens = 16, [5] * 16
     base, own, merged = [2.5] * n, [0.01] * n, [1.0] * n          # summed losses: 0.5 / 0.002 / 0.2 per token
@@ -108,7 +108,7 @@ def test_a_near_deterministic_member_passes_on_answers_kept_right():
 
 
 def test_token_accuracy_counts_only_where_the_adapter_gained_it():
-    from zenedge.pool.gate import accuracy_verdict, verdict_of
+    from zenedge.pool.verdict import accuracy_verdict, verdict_of
 
     tokens = [40] * 16
     assert accuracy_verdict([10] * 16, [11] * 16, [0] * 16, tokens, 0.7, 64) is None   # +2.5 points only
@@ -121,7 +121,8 @@ def test_a_merge_that_keeps_the_likelihood_but_not_the_answers_is_refused():
     its examples. Loss alone (or loss OR accuracy) passes that; the floor on token accuracy
     (min(FLOOR, T) of the gain) refuses it. The gate's own wiring, from a member's reads."""
     from zenedge.evaluation import EncodedExample
-    from zenedge.pool.gate import FLOOR, Member, QualityGate, _Set, accuracy_verdict, verdict_of
+    from zenedge.pool.gate import Member, QualityGate, _Set
+    from zenedge.pool.verdict import FLOOR, accuracy_verdict, verdict_of
 
     n = 16
     examples = [EncodedExample((1, 2), (3, 4, 5, 6), "x", None) for _ in range(n)]
@@ -143,7 +144,7 @@ def test_a_merge_that_keeps_the_likelihood_but_not_the_answers_is_refused():
 def test_the_floor_only_refuses():
     """A floor still undecided does not hold back a member that passes on the threshold; one clearly
     failed refuses it whatever the threshold tests say."""
-    from zenedge.pool.gate import Verdict, verdict_of
+    from zenedge.pool.verdict import Verdict, verdict_of
 
     passed, undecided = Verdict(True, True, 0.9, 16), Verdict(False, False, 0.55, 16)
     failed = Verdict(True, False, 0.1, 16)

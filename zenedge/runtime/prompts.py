@@ -1,0 +1,34 @@
+"""Prompts as token ids: chat messages through the base's own chat template, or raw text.
+
+`chat_ids` is the one place a chat template is rendered: generation, the eval sets' examples and
+the gate's proxy prompts all read their prompts through it, so they see the same tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from zenedge.errors import InvalidInput
+
+
+def chat_ids(tokenizer, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Messages in OpenAI form → token ids through the tokenizer's chat template, ending with the
+    assistant header when `add_generation_prompt` (the model answers next)."""
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=True,
+                                        return_dict=False)
+    # Some tokenizer versions still wrap the ids in a BatchEncoding despite return_dict=False.
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def encode_chat(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """A request's chat messages → token ids, each message checked first."""
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in {"system", "user", "assistant"} \
+                or not isinstance(message.get("content"), str):
+            raise InvalidInput("each message needs a role (system, user, assistant) and string content")
+    return chat_ids(tokenizer, messages)
+
+
+def encode_text(tokenizer, prompt: str) -> list[int]:
+    """A raw completion prompt (no chat template)."""
+    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
