@@ -141,7 +141,7 @@ def test_a_real_peft_adapter_imports(store, tiny_base_dir, tmp_path):
     peft_model.save_pretrained(tmp_path / "peft")
     result = pool.import_lora(store, load(), tmp_path / "peft", "real", base="tiny")
     adapter = store.resolve("real")
-    assert result["kind"] == "lora" and adapter["rank"] == 4
+    assert result.kind == "lora" and adapter["rank"] == 4
     assert len(adapter["target_modules"]) == 2 * 2  # q and v in both layers
 
 
@@ -250,4 +250,4 @@ def test_a_bitdelta_of_a_sharded_base_names_the_identity_the_store_records(isola
     report = compress_model(base_dir, tuned_dir, tmp_path / "tuned.bitdelta")
     assert load_bitdelta(report.out_path).base_sha256 == row["weights_sha256"] == bases.weights_sha256(base_dir)
     result = pool.import_bitdelta(store, cfg, report.out_path, "tuned", base="sharded")
-    assert result["action"] == "stored" and store.resolve("tuned")["kind"] == "bitdelta"
+    assert result.action == "stored" and store.resolve("tuned")["kind"] == "bitdelta"

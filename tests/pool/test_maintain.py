@@ -22,7 +22,7 @@ def test_maintain_removes_adapters_whose_blob_is_corrupt(store, tmp_path, make_p
     a_dir, _ = make_profile("alpha", 1, with_eval=False)
     cfg = set_config(tmp_path, "")
     result = pool.import_lora(store, cfg, a_dir, "alpha", base="tiny")
-    path = store.blob_path(result["adapter_id"])
+    path = store.blob_path(result.adapter_id)
     data = path.read_bytes()
     path.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
     report = maintain(store, cfg)

@@ -23,9 +23,9 @@ def test_similar_adapter_is_merged_and_both_names_route_to_it(store, tmp_path, m
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
-    assert result["action"] == "merged" and result["merged_with"] == ["alpha"]
-    assert store.resolve("alpha")["id"] == store.resolve("beta")["id"] == result["adapter_id"]
-    merged = store.adapter(result["adapter_id"])
+    assert result.action == "merged" and result.merged_with == ["alpha"]
+    assert store.resolve("alpha")["id"] == store.resolve("beta")["id"] == result.adapter_id
+    merged = store.adapter(result.adapter_id)
     assert merged["kind"] == "merged" and len(merged["state"]["norms"]) == 2 and merged["state"]["lam"] > 0
     [record] = store.merges()
     assert set(record["retention"]) == {"alpha", "beta"} and min(record["retention"].values()) >= 0.5
@@ -62,9 +62,9 @@ def test_when_the_gate_fails_the_policy_evicts_or_refuses(store, tmp_path, make_
     assert [n["name"] for n in store.names()] == ["alpha"] and store.merges() == []
     evict = set_config(tmp_path, f'[pool]\n{budget}on_no_merge = "evict"\n')
     result = pool.import_lora(store, evict, b_dir, "beta", base="tiny", eval_path=b_eval)
-    assert result["action"] == "evicted" and result["evicted"] == ["alpha"]
-    [attempt] = result["attempts"]  # the gate stopped at the first member below the threshold
-    assert list(attempt["retention"]) == ["alpha"] and attempt["retention"]["alpha"] < 0.99
+    assert result.action == "evicted" and result.evicted == ["alpha"]
+    [attempt] = result.attempts  # the gate stopped at the first member below the threshold
+    assert list(attempt.retention) == ["alpha"] and attempt.retention["alpha"] < 0.99
     assert [n["name"] for n in store.names()] == ["beta"]
     assert store.check(budget=evict.budget) == []
 
@@ -88,7 +88,7 @@ def test_adapters_without_eval_sets_use_the_data_free_proxy(store, tmp_path, mak
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6)}B"\nquality_threshold = 0.5\n')
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny")
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny")
-    assert result["action"] == "merged"
+    assert result.action == "merged"
     assert all(0.5 <= r <= 1.0 for r in store.merges()[0]["retention"].values())
 
 
@@ -104,10 +104,10 @@ def test_a_clear_verdict_reads_only_the_first_examples(store, tmp_path, make_pro
     events = []
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval, progress=events.append)
-    assert result["action"] == "merged"
-    [attempt] = result["attempts"]
-    assert attempt["examples"] == {"alpha": MIN_EXAMPLES, "beta": MIN_EXAMPLES}
-    profile = result["profile"]
+    assert result.action == "merged"
+    [attempt] = result.attempts
+    assert attempt.examples == {"alpha": MIN_EXAMPLES, "beta": MIN_EXAMPLES}
+    profile = result.profile
     assert set(profile["by_phase"]) >= {"load", "rank", "fold", "anchors", "gate", "commit", "evict"}
     assert [p["phase"] for p in profile["phases"]] == ["load", "rank", "fold", "anchors", "gate", "commit"]
     assert all(p["seconds"] >= 0 for p in profile["phases"]) and profile["total_seconds"] >= profile["by_phase"]["gate"]
@@ -147,7 +147,7 @@ def test_a_broken_stored_eval_set_does_not_block_merges(store, tmp_path, make_pr
     store.blob_path(store.name("alpha")["eval_blob"]).write_text("not json\n")  # damaged on disk
     events = []
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval, progress=events.append)
-    assert result["action"] == "merged"
+    assert result.action == "merged"
     assert any("eval set unusable" in e["status"] for e in events)
     assert store.merges()[0]["retention"]["alpha"] >= 0.5   # judged by the data-free proxy
 
@@ -168,8 +168,8 @@ def test_bf16_profiles_merge_into_bf16_under_byte_pressure(store, tmp_path, make
     cfg = set_config(tmp_path, f'[pool]\nbudget = "{int(size * 1.6) + 2000}B"\nquality_threshold = 0.5\n')
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
-    assert result["action"] == "merged"
-    header = read_header(store.blob_path(result["adapter_id"]))
+    assert result.action == "merged"
+    header = read_header(store.blob_path(result.adapter_id))
     assert {info.dtype for info in header.tensors.values()} == {"BF16"}
     assert store.check(budget=cfg.budget) == []
 
@@ -188,10 +188,10 @@ def test_merged_members_keep_their_eval_sets_for_later_gates(store, tmp_path, ma
     assert alpha["eval_blob"] and alpha["version"] == "1.2.0" and alpha["quality"]["per_example"]
     events = []
     result = pool.import_lora(store, cfg, c_dir, "gamma", base="tiny", eval_path=c_eval, progress=events.append)
-    assert result["action"] == "merged"
+    assert result.action == "merged"
     gates = [e["status"] for e in events if e["phase"] == "gate"]
     assert gates and not any("proxy" in g for g in gates)
-    assert set(result["attempts"][-1]["examples"]) == {"alpha", "beta", "gamma"}
+    assert set(result.attempts[-1].examples) == {"alpha", "beta", "gamma"}
     assert all(store.name(n)["eval_blob"] for n in ("alpha", "beta", "gamma"))
 
 
@@ -220,7 +220,7 @@ def test_similar_deltas_are_merged_under_pressure(store, tmp_path, tiny_base_dir
     cfg = config.load(cfg_path)
     pool.import_bitdelta(store, cfg, paths["first"], "first", base="tiny")
     result = pool.import_bitdelta(store, cfg, paths["second"], "second", base="tiny")
-    assert result["action"] == "merged" and result["kind"] == "bitdelta"
+    assert result.action == "merged" and result.kind == "bitdelta"
     merged = store.resolve("first")
     assert merged["id"] == store.resolve("second")["id"] and len(merged["state"]["norms"]) == 2
     assert store.check(budget=cfg.budget) == []
@@ -254,14 +254,14 @@ def test_least_loss_takes_the_refused_merge_only_when_evicting_would_lose_more(s
     assert cfg.pool.on_no_merge == "least-loss"
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
-    weighed = result["attempts"][-1]
-    assert set(weighed["retention"]) == {"alpha", "beta"} and weighed["eviction_loses"] == 1
-    assert result["action"] == kept
+    weighed = result.attempts[-1]
+    assert set(weighed.retention) == {"alpha", "beta"} and weighed.eviction_loses == 1
+    assert result.action == kept
     if kept == "merged":
-        assert result["below_threshold"] and result["lost_gain"] < 1
+        assert result.below_threshold and result.lost_gain < 1
         assert store.resolve("alpha")["id"] == store.resolve("beta")["id"]
     else:
-        assert weighed["lost_gain"] >= 1 and [n["name"] for n in store.names()] == ["beta"]
+        assert weighed.lost_gain >= 1 and [n["name"] for n in store.names()] == ["beta"]
     assert store.check(budget=cfg.budget) == []
 
 
@@ -275,13 +275,13 @@ def test_least_loss_weighs_more_than_one_refused_merge(store, tmp_path, make_pro
     pool.import_lora(store, cfg, a_dir, "alpha", base="tiny", eval_path=a_eval)
     pool.import_lora(store, cfg, g_dir, "gamma", base="tiny", eval_path=g_eval)
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
-    weighed = [a for a in result["attempts"] if "lost_gain" in a]
-    assert len(weighed) == 2 and len({a["candidate"] for a in weighed}) == 2
-    assert all(set(a["retention"]) == set(a["members"]) for a in weighed)
-    least = min(weighed, key=lambda a: a["lost_gain"])
-    assert result["action"] == "merged" and result["lost_gain"] == least["lost_gain"]
-    assert sorted(result["merged_with"] + ["beta"]) == sorted(least["members"]) == ["alpha", "beta"]
+    weighed = [a for a in result.attempts if a.lost_gain is not None]
+    assert len(weighed) == 2 and len({a.candidate for a in weighed}) == 2
+    assert all(set(a.retention) == set(a.members) for a in weighed)
+    least = min(weighed, key=lambda a: a.lost_gain)
+    assert result.action == "merged" and result.lost_gain == least.lost_gain
+    assert sorted(result.merged_with + ["beta"]) == sorted(least.members) == ["alpha", "beta"]
     # Measuring a refused merge in full continues what its refusal read: no example is scored twice.
-    scored = sum(p.get("rows", 0) for p in result["profile"]["phases"] if p["phase"] == "gate")
-    assert scored == sum(sum(a["examples"].values()) for a in weighed)
+    scored = sum(p.get("rows", 0) for p in result.profile["phases"] if p["phase"] == "gate")
+    assert scored == sum(sum(a.examples.values()) for a in weighed)
     assert store.check(budget=cfg.budget) == []

@@ -33,8 +33,8 @@ def test_float32_adapters_are_stored_as_bf16_unless_asked_to_keep_them(store, tm
     a_dir, a_eval = make_profile("alpha", 1)
     size = (a_dir / "adapter_model.safetensors").stat().st_size
     result = pool.import_lora(store, shrinking(tmp_path), a_dir, "alpha", base="tiny", eval_path=a_eval)
-    assert stored(store, "alpha")[0] == "bf16" and result["bytes"] < 0.6 * size
-    assert result["compressed"] == []   # not a compression step: every import is stored this way
+    assert stored(store, "alpha")[0] == "bf16" and result.bytes < 0.6 * size
+    assert result.compressed == []   # not a compression step: every import is stored this way
     given = set_config(tmp_path, '[pool]\nstore_dtype = "given"\n', as_given=False)
     pool.import_lora(store, given, a_dir, "alpha-as-given", base="tiny")
     assert stored(store, "alpha-as-given")[0] == "fp32"
@@ -53,12 +53,12 @@ def test_under_pressure_adapters_are_stored_smaller_before_anything_is_merged(st
     events = []
     result = pool.import_lora(store, cfg, profiles[2][0], "gamma", base="tiny", eval_path=profiles[2][1],
                               progress=events.append)
-    assert result["action"] == "stored" and store.merges() == []
-    kept = [step for step in result["compressed"] if step["kept"]]
-    assert kept and kept[0]["names"] == ["beta"] and kept[0]["compressed_to"] == "int8"
-    assert all(step["stored_as"] == "bf16" for step in kept) and sum(s["freed_bytes"] for s in kept) > 0
+    assert result.action == "stored" and store.merges() == []
+    kept = [step for step in result.compressed if step.kept]
+    assert kept and kept[0].names == ["beta"] and kept[0].compressed_to == "int8"
+    assert all(step.stored_as == "bf16" for step in kept) and sum(s.freed_bytes for s in kept) > 0
     assert any(e.get("phase") == "compress" and e["status"].startswith("compressing beta: int8, keeps") for e in events)
-    assert "compress" in result["profile"]["by_phase"]
+    assert "compress" in result.profile["by_phase"]
     format_of_beta, beta = stored(store, "beta")
     assert format_of_beta == "int8" and beta["state"]["compressed"]["to"] == "int8"
     assert beta["kind"] == "lora" and store.name("beta")["quality"]["per_example"]   # anchors stay with it
@@ -81,7 +81,7 @@ def test_a_re_stored_adapter_keeps_its_request_history(store, tmp_path, make_pro
     one = before["bytes"]
     cfg = shrinking(tmp_path, f'budget = "{store.used_bytes() + one // 2}B"\ncompress_threshold = 0.3\n')
     report = pool.set_budget(store, cfg, f"{store.used_bytes() - one // 8}B")   # int8 frees that
-    assert report.evict == [] and [s["names"] for s in report.compressed if s["kept"]] == [["alpha"]], report.compressed
+    assert report.evict == [] and [s.names for s in report.compressed if s.kept] == [["alpha"]], report.compressed
     after = store.resolve("alpha")
     assert after["id"] != before["id"] and after["request_count"] == 3
     assert after["created_at"] == before["created_at"] and after["request_rate"] == before["request_rate"]
@@ -93,9 +93,9 @@ def test_a_step_the_gate_refuses_changes_nothing_and_merging_or_eviction_follows
     strict = shrinking(tmp_path, f'budget = "{store.used_bytes() + alpha["bytes"] // 2}B"\n'
                                  'compress_threshold = 1.0\nquality_threshold = 0.99\non_no_merge = "evict"\n')
     result = pool.import_lora(store, strict, b_dir, "beta", base="tiny", eval_path=b_eval)
-    refused = [s for s in result["compressed"] if not s["kept"]]
-    assert refused and all(min(s["retention"].values()) < 1.0 for s in refused)
-    assert result["action"] == "evicted" and result["evicted"] == ["alpha"]
+    refused = [s for s in result.compressed if not s.kept]
+    assert refused and all(min(s.retention.values()) < 1.0 for s in refused)
+    assert result.action == "evicted" and result.evicted == ["alpha"]
 
 
 def test_nothing_is_compressed_when_it_could_not_free_enough(store, tmp_path, make_profile):
@@ -105,7 +105,7 @@ def test_nothing_is_compressed_when_it_could_not_free_enough(store, tmp_path, ma
     cfg = shrinking(tmp_path, f'budget = "{store.used_bytes() + one // 4}B"\nquality_threshold = 0.5\n')
     events = []
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval, progress=events.append)
-    assert result["compressed"] == [] and result["action"] == "merged"
+    assert result.compressed == [] and result.action == "merged"
     assert any("merging instead" in e["status"] for e in events if e.get("phase") == "compress")
 
 
@@ -115,7 +115,7 @@ def test_with_compression_off_the_pool_merges_as_before(store, tmp_path, make_pr
     cfg = shrinking(tmp_path, f'budget = "{store.used_bytes() + one // 2}B"\nquality_threshold = 0.5\n'
                               'compress_to = "off"\n')
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
-    assert result["compressed"] == [] and result["action"] == "merged"
+    assert result.compressed == [] and result.action == "merged"
 
 
 def test_the_newcomer_itself_is_stored_smaller_when_nothing_else_can_be(store, tmp_path, make_profile):
@@ -125,7 +125,7 @@ def test_the_newcomer_itself_is_stored_smaller_when_nothing_else_can_be(store, t
     cfg = shrinking(tmp_path, f'budget = "{room}B"\n'
                               'compress_threshold = 0.3\ncompress_to = "int8"\n')
     result = pool.import_lora(store, cfg, b_dir, "beta", base="tiny", eval_path=b_eval)
-    assert result["action"] == "stored" and [s["names"] for s in result["compressed"]] == [["beta"]]
+    assert result.action == "stored" and [s.names for s in result.compressed] == [["beta"]]
     assert stored(store, "beta")[0] == "int8" and stored(store, "alpha")[0] == "bf16"
     assert store.name("beta")["quality"]["per_example"]   # measured on its own adapter, before storing it smaller
 

@@ -45,12 +45,12 @@ def test_published_anchors_ride_in_the_manifest_and_a_pull_only_checks_them(stor
     assert store.name("coder")["quality"]["claimed"]
     events = []
     result = pull(store, cfg, "writer", progress=events.append)
-    assert result["policy"] in ("merged", "evicted")
+    assert result.admitted.action in ("merged", "evicted")
     measured = anchor_events(events)
     # Both members' claims were checked on VERIFY_EXAMPLES examples each, once, in one batch however
     # many candidates the pull tried; nothing was measured whole.
     assert measured and all(e["status"].startswith("checking the registry's measurements") for e in measured)
-    rows = [p["rows"] for p in result["profile"]["phases"] if p["phase"] == "anchors"]
+    rows = [p["rows"] for p in result.admitted.profile["phases"] if p["phase"] == "anchors"]
     assert rows == [2 * 2 * VERIFY_EXAMPLES]
     for row in store.names():  # checked anchors are stored as this pool's own from now on
         quality = store.name(row["name"])["quality"]

@@ -38,7 +38,7 @@ def test_pull_over_http_lands_in_the_pool(store, server, tmp_path):
     url, _ = server
     events = []
     result = pull(store, http_cfg(tmp_path, url), "writer", progress=events.append)
-    assert result["name"] == "writer" and result["kind"] == "lora" and not result["up_to_date"]
+    assert result.name == "writer" and result.kind == "lora" and not result.up_to_date
     row = store.name("writer")
     assert row["version"] == "1.0.0" and row["eval_blob"] and row["origin"]["registry"] == url
     assert any(e.get("status") == "downloading" for e in events)
@@ -103,7 +103,7 @@ def test_same_weights_are_not_downloaded_twice(store, server, tmp_path):
     pull(store, cfg, "writer")
     handler.log.clear()
     again = pull(store, cfg, "writer")
-    assert again["up_to_date"] and not [p for p, _ in handler.log if p.endswith(".safetensors")]
+    assert again.up_to_date and not [p for p, _ in handler.log if p.endswith(".safetensors")]
     pull(store, cfg, "writer-copy")  # same weights, other name: dedup by digest
     assert not [p for p, _ in handler.log if p.endswith(".safetensors")]
     assert store.resolve("writer")["id"] == store.resolve("writer-copy")["id"]
@@ -150,7 +150,7 @@ def test_manifest_that_is_not_json_is_refused(store, server, registry_dir, tmp_p
 
 def test_file_registry_and_embedded_style_directory(store, registry_dir, tmp_path):
     result = pull(store, http_cfg(tmp_path, f"file://{registry_dir}"), "coder")
-    assert result["kind"] == "lora"
+    assert result.kind == "lora"
 
 
 def gate(handler, file_name="adapter_model.safetensors"):
@@ -191,7 +191,7 @@ def test_commands_that_open_the_pool_mid_pull_leave_its_files_alone(store, serve
     fault["release"].set()
     thread.join(120)
     assert "error" not in outcome, repr(outcome.get("error"))
-    assert outcome["result"]["name"] == "writer"
+    assert outcome["result"].name == "writer"
     assert store.check() == [] and not list((store.home / "partial").iterdir())
 
 
@@ -218,7 +218,7 @@ def test_two_pulls_of_the_same_profile_share_one_download(store, server, tmp_pat
     second.join(120)
     assert "error" not in first_outcome and "error" not in second_outcome, (first_outcome, second_outcome)
     assert waiting.is_set(), events
-    assert second_outcome["result"]["up_to_date"] and not first_outcome["result"]["up_to_date"]
+    assert second_outcome["result"].up_to_date and not first_outcome["result"].up_to_date
     weights_requests = [p for p, _ in handler.log if p.endswith("adapter_model.safetensors")]
     assert len(weights_requests) == 1  # one transfer for both
     assert store.check() == [] and not list((store.home / "partial").iterdir())

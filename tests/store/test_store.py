@@ -16,16 +16,16 @@ def cfg_with(tmp_path, text=""):
 def test_import_then_list_resolve_and_remove(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path)
     result = pool.import_lora(store, cfg, lora_factory(seed=1), "writer", base="tiny")
-    assert result["kind"] == "lora" and result["bytes"] > 0
+    assert result.kind == "lora" and result.bytes > 0
     [entry] = store.names()
-    assert entry["name"] == "writer" and entry["adapter_id"] == result["adapter_id"]
+    assert entry["name"] == "writer" and entry["adapter_id"] == result.adapter_id
     assert store.resolve("writer")["rank"] == 4
-    assert store.blob_path(result["adapter_id"]).is_file()
-    assert store.used_bytes() == result["bytes"]
+    assert store.blob_path(result.adapter_id).is_file()
+    assert store.used_bytes() == result.bytes
     freed = store.remove_name("writer")["freed_bytes"]
-    assert freed == result["bytes"]
+    assert freed == result.bytes
     assert store.names() == [] and store.used_bytes() == 0
-    assert not store.blob_path(result["adapter_id"]).exists()
+    assert not store.blob_path(result.adapter_id).exists()
     assert store.check(budget=cfg.budget) == []
 
 
@@ -34,25 +34,25 @@ def test_same_content_is_stored_once_and_shared(store, lora_factory, tmp_path):
     path = lora_factory(seed=7)
     a = pool.import_lora(store, cfg, path, "one", base="tiny")
     b = pool.import_lora(store, cfg, path, "two", base="tiny")
-    assert a["adapter_id"] == b["adapter_id"]
-    assert store.used_bytes() == a["bytes"]
+    assert a.adapter_id == b.adapter_id
+    assert store.used_bytes() == a.bytes
     store.remove_name("one")
-    assert store.used_bytes() == a["bytes"]  # still serves "two"
-    assert store.resolve("two")["id"] == a["adapter_id"]
+    assert store.used_bytes() == a.bytes  # still serves "two"
+    assert store.resolve("two")["id"] == a.adapter_id
 
 
 def test_reimport_under_same_name_replaces(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path)
     first = pool.import_lora(store, cfg, lora_factory(seed=1), "writer", base="tiny")
     second = pool.import_lora(store, cfg, lora_factory(seed=2), "writer", base="tiny")
-    assert first["adapter_id"] != second["adapter_id"]
-    assert [a["id"] for a in store.adapters()] == [second["adapter_id"]]
+    assert first.adapter_id != second.adapter_id
+    assert [a["id"] for a in store.adapters()] == [second.adapter_id]
     assert store.check() == []
 
 
 def test_import_over_budget_is_refused_and_changes_nothing(store, lora_factory, tmp_path):
     one = pool.import_lora(store, cfg_with(tmp_path), lora_factory(seed=1), "a", base="tiny")
-    cfg = cfg_with(tmp_path, f'[pool]\nbudget = "{one["bytes"] + 100}B"\non_no_merge = "refuse"\n')
+    cfg = cfg_with(tmp_path, f'[pool]\nbudget = "{one.bytes + 100}B"\non_no_merge = "refuse"\n')
     with pytest.raises(BudgetExceeded) as info:
         pool.import_lora(store, cfg, lora_factory(seed=2), "b", base="tiny")
     assert "over" in str(info.value) and "zenedge rm" in str(info.value)
@@ -87,11 +87,11 @@ def test_budget_lowering_evicts_least_requested_unpinned_first(store, lora_facto
     ids = {}
     for i, name in enumerate(["cold", "warm", "hot", "pinned"]):
         ids[name] = pool.import_lora(store, cfg, lora_factory(seed=i), name, base="tiny")
-    store.record_requests(ids["warm"]["adapter_id"], 3)
-    store.record_requests(ids["hot"]["adapter_id"], 10)
-    store.record_requests(ids["pinned"]["adapter_id"], 0)
+    store.record_requests(ids["warm"].adapter_id, 3)
+    store.record_requests(ids["hot"].adapter_id, 10)
+    store.record_requests(ids["pinned"].adapter_id, 0)
     store.set_pinned("pinned", True)
-    size = ids["cold"]["bytes"]
+    size = ids["cold"].bytes
     plan = pool.set_budget(store, cfg, f"{2 * size}B", dry_run=True)
     assert plan.names == ["cold", "warm"]
     assert len(store.names()) == 4  # dry run changed nothing
@@ -106,7 +106,7 @@ def test_budget_below_pinned_is_refused(store, lora_factory, tmp_path):
     a = pool.import_lora(store, cfg, lora_factory(seed=1), "a", base="tiny")
     store.set_pinned("a", True)
     with pytest.raises(BudgetExceeded, match="pinned"):
-        pool.set_budget(store, cfg, f"{a['bytes'] - 1}B")
+        pool.set_budget(store, cfg, f"{a.bytes - 1}B")
     assert config.load(cfg.path).budget == 4 * 2**30
     assert len(store.names()) == 1
 
@@ -115,13 +115,13 @@ def test_config_pinned_names_are_never_evicted(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path, '[runtime]\npinned = ["keep"]\n')
     keep = pool.import_lora(store, cfg, lora_factory(seed=1), "keep", base="tiny")
     pool.import_lora(store, cfg, lora_factory(seed=2), "other", base="tiny")
-    pool.set_budget(store, cfg, f"{keep['bytes']}B")
+    pool.set_budget(store, cfg, f"{keep.bytes}B")
     assert [n["name"] for n in store.names()] == ["keep"]
 
 
 def test_pinned_is_the_pin_command_or_the_config_asked_in_one_place(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path, '[runtime]\npinned = ["by-config", "not-pulled"]\n')
-    ids = {name: pool.import_lora(store, cfg, lora_factory(seed=i), name, base="tiny")["adapter_id"]
+    ids = {name: pool.import_lora(store, cfg, lora_factory(seed=i), name, base="tiny").adapter_id
            for i, name in enumerate(["by-command", "by-config", "free"])}
     store.set_pinned("by-command", True)
     assert store.pinned_ids(cfg.runtime.pinned) == {ids["by-command"], ids["by-config"]}
@@ -131,8 +131,8 @@ def test_pinned_is_the_pin_command_or_the_config_asked_in_one_place(store, lora_
 
 def test_decayed_rate_orders_by_recency_of_requests(store, lora_factory, tmp_path):
     cfg = cfg_with(tmp_path)
-    old = pool.import_lora(store, cfg, lora_factory(seed=1), "old", base="tiny")["adapter_id"]
-    new = pool.import_lora(store, cfg, lora_factory(seed=2), "new", base="tiny")["adapter_id"]
+    old = pool.import_lora(store, cfg, lora_factory(seed=1), "old", base="tiny").adapter_id
+    new = pool.import_lora(store, cfg, lora_factory(seed=2), "new", base="tiny").adapter_id
     now = 1_000_000_000.0
     store.record_requests(old, 8, now=now - 7 * 24 * 3600)   # many requests a week ago
     store.record_requests(new, 2, now=now)                    # few requests now
@@ -168,11 +168,11 @@ def test_reconcile_removes_crash_leftovers(store, lora_factory, tmp_path):
 
 def test_check_detects_a_missing_or_corrupt_blob(store, lora_factory, tmp_path):
     result = pool.import_lora(store, cfg_with(tmp_path), lora_factory(), "writer", base="tiny")
-    path = store.blob_path(result["adapter_id"])
+    path = store.blob_path(result.adapter_id)
     data = path.read_bytes()
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     assert store.check() == ["the stored adapter of 'writer' is damaged (its bytes no longer match its sha256, "
-                             f"sha256 {result['adapter_id'][:12]})"]
+                             f"sha256 {result.adapter_id[:12]})"]
     path.unlink()
     assert any("missing blob" in p for p in store.check())
 
@@ -183,7 +183,7 @@ def test_among_equally_requested_adapters_the_one_serving_fewer_profiles_goes_fi
     cfg = cfg_with(tmp_path)
     shared = store.put_adapter(NewAdapter(kind="merged", base="tiny", weights=lora_factory(seed=1) / "adapter_model.safetensors"),
                                [NewName("a"), NewName("b")], budget=cfg.budget)
-    single = pool.import_lora(store, cfg, lora_factory(seed=2), "c", base="tiny")["adapter_id"]
+    single = pool.import_lora(store, cfg, lora_factory(seed=2), "c", base="tiny").adapter_id
     assert [a["id"] for a in store.eviction_order()] == [single, shared]   # older, but serves two
     store.record_requests(single, 3)
     assert [a["id"] for a in store.eviction_order()] == [shared, single]   # requests come first

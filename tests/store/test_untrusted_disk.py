@@ -99,7 +99,7 @@ def test_a_damaged_blob_is_never_served_nor_merged_and_a_new_copy_heals_it(store
     from zenedge.runtime.generate import SamplingParams
 
     source = lora_factory(seed=3)
-    adapter_id = pool.import_lora(store, cfg, source, "writer", base="tiny")["adapter_id"]
+    adapter_id = pool.import_lora(store, cfg, source, "writer", base="tiny").adapter_id
     blob = store.blob_path(adapter_id)
     if how == "flip":
         data = bytearray(blob.read_bytes())
@@ -129,7 +129,7 @@ def test_a_variant_with_non_finite_numbers_is_refused_at_load(store, cfg, engine
     from zenedge.runtime.engine import Prompt
     from zenedge.runtime.generate import SamplingParams
 
-    adapter_id = pool.import_lora(store, cfg, lora_factory(seed=4), "writer", base="tiny")["adapter_id"]
+    adapter_id = pool.import_lora(store, cfg, lora_factory(seed=4), "writer", base="tiny").adapter_id
     tensors = load_file(store.blob_path(adapter_id))
     first = next(iter(tensors))
     tensors[first] = torch.full_like(tensors[first], float("nan"))

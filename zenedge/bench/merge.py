@@ -244,7 +244,7 @@ def run_zenedge(order: list[Profile], limit: Limit, base_dir: Path, threshold: f
         for profile in order:
             start = time.perf_counter()
             result = import_lora(store, cfg, profile.adapter_dir, profile.name,
-                                 eval_path=profile.gate_eval_path or profile.eval_path, engine=engine)
+                                 eval_path=profile.gate_eval_path or profile.eval_path, engine=engine).as_dict()
             times.append(time.perf_counter() - start)
             actions.append({"name": profile.name, "action": result.get("action"),
                             "merged_with": result.get("merged_with"), "evicted": result.get("evicted"),

@@ -104,12 +104,13 @@ class Local:
     def pull(self, reference, progress=None):
         from zenedge.pool.pull import pull
 
-        return pull(self.store, self.cfg, reference, progress=progress)
+        return pull(self.store, self.cfg, reference, progress=progress).as_dict()
 
     def import_(self, path, name, base, eval_path, progress=None):
         from zenedge.pool import import_path
 
-        return import_path(self.store, self.cfg, path, name, base=base, eval_path=eval_path, progress=progress)
+        return import_path(self.store, self.cfg, path, name, base=base, eval_path=eval_path,
+                           progress=progress).as_dict()
 
     def rm(self, name):
         return self.store.remove_name(name)

@@ -8,7 +8,9 @@ pool, merges, compresses and writes back; the store below it only keeps the inva
     merger     PoolMerger: candidates, the fold (LoRA low-rank OPCM, 1-bit dense OPCM), the gate,
                the commit, and the one loop that tries candidates (admission and maintenance)
     shrink     store adapters in smaller formats (bf16, int8, int4) before merging, gated
-    gate       the quality gate (sequential per-example test; data-free proxy without an eval set)
+    gate       the quality gate's scoring (the model reads each member's eval set)
+    verdict    the gate's statistics: retention, the sequential test, the accuracy and floor rules
+    results    what admission reports (Admitted, Pulled, AttemptSummary, ShrinkStep) and its JSON form
     manual     `zenedge merge`: any merge method, through the merger's gate and commit
     maintain   `zenedge pool maintain` and the daemon's background pass
     export     the pool as PEFT directories / merged models for other engines

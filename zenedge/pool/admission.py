@@ -10,7 +10,7 @@ eviction ("evict"), or a refusal.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from zenedge.errors import BudgetExceeded, InvalidAdapter, InvalidInput
 from zenedge.files import regular_file
 from zenedge.names import check_name
 from zenedge.pool.phases import Phases, Progress
+from zenedge.pool.results import Admitted, AttemptSummary, ShrinkStep
 from zenedge.pool.shrink import Newcomer, shrink
 from zenedge.sizes import format_size
 from zenedge.store import NewAdapter, NewName, Store
@@ -73,7 +74,7 @@ def _checked_inputs(store: Store, name: str, path: Path, eval_path: Path | None,
 def import_lora(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                 eval_path: Path | None = None, version: str = "", description: str = "",
                 origin: dict[str, Any] | None = None, engine=None,
-                progress: Progress | None = None, anchors: dict[str, Any] | None = None) -> dict[str, Any]:
+                progress: Progress | None = None, anchors: dict[str, Any] | None = None) -> Admitted:
     """Validate a PEFT LoRA directory against its base and store it under `name`. `anchors`: the
     eval set's base and own losses as a registry published them (gate.claimed_quality)."""
     base_row = _checked_inputs(store, name, path, eval_path, base, progress)
@@ -118,7 +119,7 @@ def _claimed(anchors: dict[str, Any] | None, eval_path: Path | None) -> dict[str
     return claimed_quality(anchors) if anchors and eval_path else {}
 
 
-def import_path(store: Store, cfg: Config, path: Path, name: str, **options: Any) -> dict[str, Any]:
+def import_path(store: Store, cfg: Config, path: Path, name: str, **options: Any) -> Admitted:
     """`zenedge import PATH`: a directory (or nothing there: the LoRA importer says so) is a PEFT
     LoRA, a file a .bitdelta; `options` go to that importer."""
     importer = import_lora if path.is_dir() or not path.exists() else import_bitdelta
@@ -128,7 +129,7 @@ def import_path(store: Store, cfg: Config, path: Path, name: str, **options: Any
 def import_bitdelta(store: Store, cfg: Config, path: Path, name: str, *, base: str | None = None,
                     eval_path: Path | None = None, version: str = "", description: str = "",
                     origin: dict[str, Any] | None = None, engine=None,
-                    progress: Progress | None = None, anchors: dict[str, Any] | None = None) -> dict[str, Any]:
+                    progress: Progress | None = None, anchors: dict[str, Any] | None = None) -> Admitted:
     """Validate a BitDelta file (format, shapes against the base, base hash) and store it."""
     from zenedge.bitdelta.fileformat import load_bitdelta
 
@@ -177,7 +178,7 @@ def check_admission(store: Store, cfg: Config, name: str, size: int, kind: str) 
 
 
 def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str = "import",
-                  engine=None, progress: Progress | None = None) -> dict[str, Any]:
+                  engine=None, progress: Progress | None = None) -> Admitted:
     """Commit an adapter within the budget and slot limit. Under pressure a LoRA is merged into the
     most similar stored adapter if the quality gate passes; otherwise the policy evicts
     (rate-weighted LRU, never pinned) or refuses, as `pool.on_no_merge` says. The result carries
@@ -185,11 +186,11 @@ def store_adapter(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName
     phases = Phases(progress)
     size = adapter.weights.stat().st_size + (entry.eval_path.stat().st_size if entry.eval_path else 0)
     store.ensure_disk_space(size, f"storing {entry.name!r}")
-    compressed: list[dict[str, Any]] = []
+    compressed: list[ShrinkStep] = []
     with store.writing(), tempfile.TemporaryDirectory(dir=store.blobs.tmp) as work:
         newcomer = Newcomer(adapter, entry, Path(work))
         result = _store_adapter(store, cfg, newcomer, event, engine, phases, compressed)
-    return {**result, "compressed": compressed, "profile": phases.profile()}
+    return replace(result, compressed=compressed, profile=phases.profile())
 
 
 @dataclass
@@ -202,9 +203,9 @@ class Refused:
 
 
 def _store_adapter(store: Store, cfg: Config, newcomer: Newcomer, event: str, engine, phases: Phases,
-                   compressed: list[dict[str, Any]]) -> dict[str, Any]:
+                   compressed: list[ShrinkStep]) -> Admitted:
     """Store if it fits; else store adapters smaller (shrink.py), else merge, else the policy."""
-    attempts: list[dict[str, Any]] = []
+    attempts: list[AttemptSummary] = []
     refused: list[Refused] = []
     adapter, entry = newcomer.adapter, newcomer.entry
     mergeable = adapter.kind in ("lora", "bitdelta")
@@ -216,7 +217,7 @@ def _store_adapter(store: Store, cfg: Config, newcomer: Newcomer, event: str, en
     if stored is None:
         steps = shrink(store, cfg, _bytes_over(store, cfg, newcomer), phases, engine=engine, newcomer=newcomer)
         compressed += steps
-        if any(step["kept"] for step in steps):
+        if any(step.kept for step in steps):
             adapter = newcomer.adapter   # the newcomer itself may have been stored smaller
             stored, pressure = _store_if_room(store, cfg, adapter, entry, event, phases)
     if stored is not None:
@@ -226,8 +227,8 @@ def _store_adapter(store: Store, cfg: Config, newcomer: Newcomer, event: str, en
         if merged:
             return merged
     if cfg.pool.on_no_merge == "refuse":
-        best = max(attempts, key=lambda a: min(a["retention"].values(), default=0), default=None)
-        detail = f"; best merge kept {best['retention']}" if best else "; nothing could be merged"
+        best = max(attempts, key=lambda a: min(a.retention.values(), default=0), default=None)
+        detail = f"; best merge kept {best.retention}" if best else "; nothing could be merged"
         raise BudgetExceeded(f"{pressure.message}{detail}; nothing was changed (pool.on_no_merge = \"refuse\")",
                              hint=pressure.hint or "raise the budget or remove a profile") from None
     victims = _eviction_plan(store, cfg, adapter, entry, pressure)
@@ -239,7 +240,7 @@ def _store_adapter(store: Store, cfg: Config, newcomer: Newcomer, event: str, en
 
 
 def _store_if_room(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str,
-                   phases: Phases) -> tuple[dict[str, Any] | None, BudgetExceeded | None]:
+                   phases: Phases) -> tuple[Admitted | None, BudgetExceeded | None]:
     """Commit the newcomer as it is if the budget and the slot limit allow: (its result, None),
     else (None, why not)."""
     try:
@@ -250,12 +251,11 @@ def _store_if_room(store: Store, cfg: Config, adapter: NewAdapter, entry: NewNam
 
 
 def _commit(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, action: str,
-            **extra: Any) -> dict[str, Any]:
+            **details: Any) -> Admitted:
     adapter_id = store.put_adapter(adapter, [entry], budget=cfg.budget,
                                    max_adapters=cfg.pool.max_adapters, event=event)
     row = store.adapter(adapter_id)
-    return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"],
-            "action": action, **extra}
+    return Admitted(entry.name, adapter_id, row["kind"], row["bytes"], action, **details)
 
 
 def _prefers_merge(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
@@ -267,8 +267,8 @@ def _prefers_merge(store: Store, cfg: Config, adapter: NewAdapter) -> bool:
 
 
 def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, engine,
-                          attempts: list[dict[str, Any]], phases: Phases,
-                          refused: list[Refused]) -> dict[str, Any] | None:
+                          attempts: list[AttemptSummary], phases: Phases,
+                          refused: list[Refused]) -> Admitted | None:
     """Try the MERGE_CANDIDATES most similar stored adapters of the same kind (merger.py's loop)."""
     from zenedge.pool.merger import PoolMerger  # torch loads here, only when a merge is tried
 
@@ -289,16 +289,15 @@ def _merge_under_pressure(store: Store, cfg: Config, adapter: NewAdapter, entry:
     return _merged_result(store, entry, adapter_id, attempt, attempts)
 
 
-def _merged_result(store: Store, entry: NewName, adapter_id: str, attempt, attempts: list[dict[str, Any]],
-                   **extra: Any) -> dict[str, Any]:
+def _merged_result(store: Store, entry: NewName, adapter_id: str, attempt, attempts: list[AttemptSummary],
+                   **least_loss: Any) -> Admitted:
     row = store.adapter(adapter_id)
-    return {"name": entry.name, "adapter_id": adapter_id, "kind": row["kind"], "bytes": row["bytes"],
-            "action": "merged", "merged_with": [n for n in attempt.members if n != entry.name],
-            "attempts": attempts, **extra}
+    return Admitted(entry.name, adapter_id, row["kind"], row["bytes"], "merged",
+                    merged_with=[n for n in attempt.members if n != entry.name], attempts=attempts, **least_loss)
 
 
 def _least_loss_merge(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, engine, refused: list[Refused],
-                      victims: list[str], attempts: list[dict[str, Any]], phases: Phases) -> dict[str, Any] | None:
+                      victims: list[str], attempts: list[AttemptSummary], phases: Phases) -> Admitted | None:
     """`pool.on_no_merge = "least-loss"`: no merge kept every member above the threshold, so room
     costs quality either way. Evicting loses the evicted profiles' whole gains; a refused merge,
     measured on every member, loses what it does not keep of each. The LEAST_LOSS_OPTIONS refused
@@ -314,8 +313,7 @@ def _least_loss_merge(store: Store, cfg: Config, adapter: NewAdapter, entry: New
                     f"{evicted} profile{'s' if evicted != 1 else ''}", "gate",
                     candidate=option.attempt.candidate_id[:12])
         option.merger.measure_all(option.attempt, option.incoming)
-        attempts.append({**option.attempt.summary(), "lost_gain": round(option.attempt.lost_gain, 4),
-                         "eviction_loses": evicted})
+        attempts.append(option.attempt.summary(lost_gain=round(option.attempt.lost_gain, 4), eviction_loses=evicted))
         if best is None or option.attempt.lost_gain < best.attempt.lost_gain:
             best = option
     if best is None or best.attempt.lost_gain >= evicted:
@@ -387,7 +385,7 @@ def _eviction_plan(store: Store, cfg: Config, adapter: NewAdapter, entry: NewNam
 
 
 def _evict(store: Store, cfg: Config, adapter: NewAdapter, entry: NewName, event: str, victims: list[str],
-           attempts: list[dict[str, Any]], phases: Phases) -> dict[str, Any]:
+           attempts: list[AttemptSummary], phases: Phases) -> Admitted:
     names = [n for victim in victims for n in store.names_of(victim)]
     with phases.phase("evict", f"evicting {', '.join(names)} to make room for {entry.name}", evicted=names):
         evicted = store.evict(victims, reason=f"making room for {entry.name!r}")

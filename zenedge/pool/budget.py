@@ -18,6 +18,7 @@ from zenedge import config as config_mod
 from zenedge.config import Config
 from zenedge.errors import BudgetExceeded
 from zenedge.pool.phases import Phases, Progress
+from zenedge.pool.results import ShrinkStep
 from zenedge.pool.shrink import shrink
 from zenedge.sizes import format_size
 from zenedge.store import Store
@@ -29,7 +30,7 @@ class EvictionPlan:
     used_before: int
     evict: list[dict[str, Any]] = field(default_factory=list)   # adapter rows, in order
     used_after: int = 0
-    compressed: list[dict[str, Any]] = field(default_factory=list)   # shrink.py's steps, before the plan
+    compressed: list[ShrinkStep] = field(default_factory=list)   # shrink.py's steps, before the plan
 
     @property
     def names(self) -> list[str]:
@@ -38,7 +39,8 @@ class EvictionPlan:
     def as_dict(self, dry_run: bool) -> dict[str, Any]:
         """The plan as `budget set --json` and the daemon's PUT /api/budget report it."""
         return {"budget_bytes": self.budget, "used_before": self.used_before, "used_after": self.used_after,
-                "evict": self.names, "dry_run": dry_run, "compressed": self.compressed,
+                "evict": self.names, "dry_run": dry_run,
+                "compressed": [step.as_dict() for step in self.compressed],
                 "evicted": [{"names": a["names"], "kind": a["kind"], "freed_bytes": a["freed"]} for a in self.evict]}
 
 

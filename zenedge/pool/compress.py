@@ -46,7 +46,7 @@ def compress_finetune(store: Store, cfg: Config, finetuned: Path, name: str, *, 
             shutil.copyfile(path, output)
         result = import_bitdelta(store, cfg, path, name, base=base_row["name"], eval_path=eval_path,
                                  origin={"source": "compress", "finetuned": str(Path(finetuned).resolve())})
-    summary.update(result)
+    summary.update(result.as_dict())
     return summary
 
 

@@ -28,7 +28,8 @@ def maintain(store: Store, cfg: Config, engine=None, *, verify: bool = True) -> 
         if verify:
             report["removed_corrupt"] = _remove_corrupt(store)
         over = store.used_bytes() - cfg.budget
-        report["compressed"] = shrink(store, cfg, over, Phases(), engine=engine) if over > 0 else []
+        steps = shrink(store, cfg, over, Phases(), engine=engine) if over > 0 else []
+        report["compressed"] = [step.as_dict() for step in steps]
         report["merged"] = _merge_until_it_fits(store, cfg, engine)
         plan = enforce_budget(store, cfg)
         report["evicted"] = plan.names
@@ -75,5 +76,5 @@ def _merge_until_it_fits(store: Store, cfg: Config, engine) -> list[dict[str, An
                                          budget=max(cfg.budget, store.used_bytes()),
                                          also_replaces=(source["id"],), source="maintain")
         if merged is not None:
-            merges.append(merged[1].summary())
+            merges.append(merged[1].summary().as_dict())
     return merges

@@ -27,6 +27,7 @@ from zenedge.errors import BudgetExceeded
 from zenedge.merge import LowRankOPCMState, LoraFactors, lowrank_opcm_init, lowrank_opcm_step, rank_by_similarity
 from zenedge.pool.gate import GateResult, Measurement, Member, QualityGate
 from zenedge.pool.phases import Phases
+from zenedge.pool.results import AttemptSummary
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.variants import Variant, lora_variant
 from zenedge.store import NewAdapter, NewName, Store
@@ -78,11 +79,11 @@ class Attempt:
         return bool(self.measurements) and len(self.measurements) == len(self.members) \
             and all(m.passed for m in self.measurements)
 
-    def summary(self) -> dict[str, Any]:
-        return {"candidate": self.candidate_id[:12], "members": self.members, "similarity": round(self.similarity, 4),
-                "retention": {m.name: round(m.retention, 4) for m in self.measurements},
-                "examples": {m.name: m.examples for m in self.measurements if m.metric != "proxy"},
-                "accepted": self.accepted}
+    def summary(self, **least_loss: Any) -> AttemptSummary:
+        return AttemptSummary(self.candidate_id[:12], self.members, round(self.similarity, 4),
+                              retention={m.name: round(m.retention, 4) for m in self.measurements},
+                              examples={m.name: m.examples for m in self.measurements if m.metric != "proxy"},
+                              accepted=self.accepted, **least_loss)
 
 
 def rank_cap(cfg: Config, *adapters: dict[str, LoraFactors]) -> int:
@@ -211,7 +212,7 @@ class PoolMerger:
         return self.candidates(incoming, base)
 
     def merge_first_kept(self, incoming: Incoming, base: str, candidates: list[tuple[dict[str, Any], float]], *,
-                         attempts: list[dict[str, Any]], budget: int, max_adapters: int | None = None,
+                         attempts: list[AttemptSummary], budget: int, max_adapters: int | None = None,
                          also_replaces: tuple[str, ...] = (), newcomer: NewName | None = None,
                          source: str = "merge", refused: list[Attempt] | None = None) -> tuple[str, Attempt] | None:
         """THE loop: merge `incoming` into each candidate in turn (fold, gate) and commit the first
@@ -306,7 +307,7 @@ class PoolMerger:
             return self.store_merge(merged, attempt.members, attempt.qualities, replaces=replaces, budget=budget,
                                     max_adapters=max_adapters, newcomer=newcomer,
                                     method=state.get("method", "opcm"), similarity=attempt.similarity,
-                                    retention=attempt.summary()["retention"])
+                                    retention=attempt.summary().retention)
 
     def store_merge(self, merged: NewAdapter, members: list[str], anchors: dict[str, dict[str, Any]], *,
                     replaces: list[str], budget: int, max_adapters: int | None, newcomer: NewName | None,

@@ -14,13 +14,14 @@ from zenedge.config import Config
 from zenedge.errors import BaseNotFound, RegistryError
 from zenedge.pool.admission import check_admission, import_path
 from zenedge.pool.phases import Progress
+from zenedge.pool.results import Admitted, Pulled
 from zenedge.registry.manifest import Manifest
 from zenedge.registry.resolve import Resolved, resolve
 from zenedge.store import Store
 
 
 def pull(store: Store, cfg: Config, reference: str, *, progress: Progress | None = None,
-         engine=None) -> dict[str, Any]:
+         engine=None) -> Pulled:
     """`engine`: a running Engine (the daemon's) for the quality gate to reuse, instead of loading
     the base again when the pull has to merge."""
     report = progress or (lambda event: None)
@@ -53,13 +54,13 @@ def _base_for(store: Store, manifest: Manifest, report: Progress) -> dict[str, A
 
 
 def _fetch_and_admit(store: Store, cfg: Config, resolved: Resolved, base: dict[str, Any], report: Progress,
-                     progress: Progress | None, engine) -> dict[str, Any]:
+                     progress: Progress | None, engine) -> Pulled:
     manifest = resolved.manifest
     weights = manifest.file("weights")
     existing = store.name(manifest.name)
     if existing and _holds(store, existing, weights.sha256):
         report({"status": "up to date", "name": manifest.name})
-        return _result(store, manifest, up_to_date=True)
+        return _pulled(store, manifest)
     store.ensure_disk_space(manifest.size, f"pulling {manifest.name!r}")
     check_admission(store, cfg, manifest.name, manifest.size, manifest.kind)
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging:
@@ -74,7 +75,7 @@ def _fetch_and_admit(store: Store, cfg: Config, resolved: Resolved, base: dict[s
                                description=manifest.description, origin=origin, engine=engine,
                                progress=progress, anchors=manifest.eval_anchors)
     report({"status": "success", "name": manifest.name})
-    return _result(store, manifest, admitted=admitted)
+    return _pulled(store, manifest, admitted)
 
 
 def _stored_from(store: Store, digest: str) -> Path | None:
@@ -98,15 +99,6 @@ def _holds(store: Store, name: dict[str, Any], digest: str) -> bool:
     return same and store.blobs.verify(adapter["sha256"])
 
 
-POLICY_DETAILS = ("merged_with", "evicted", "attempts", "compressed", "profile")
-
-
-def _result(store: Store, manifest: Manifest, up_to_date: bool = False,
-            admitted: dict[str, Any] | None = None) -> dict[str, Any]:
+def _pulled(store: Store, manifest: Manifest, admitted: Admitted | None = None) -> Pulled:
     row = store.resolve(manifest.name)
-    result = {"name": manifest.name, "version": manifest.version, "kind": row["kind"], "bytes": row["bytes"],
-              "adapter_id": row["id"], "up_to_date": up_to_date}
-    if admitted:  # what the pool did to admit it (merged with / evicted), and where the time went
-        result["policy"] = admitted.get("action")
-        result.update({key: admitted[key] for key in POLICY_DETAILS if admitted.get(key)})
-    return result
+    return Pulled(manifest.name, manifest.version, row["kind"], row["bytes"], row["id"], admitted)

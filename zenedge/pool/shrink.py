@@ -24,6 +24,7 @@ from typing import Any
 
 from zenedge.config import Config
 from zenedge.pool.phases import Phases
+from zenedge.pool.results import ShrinkStep
 from zenedge.sizes import format_size
 from zenedge.store import NewAdapter, NewName, Store
 
@@ -54,9 +55,9 @@ class _Item:
 
 
 def shrink(store: Store, cfg: Config, need: int, phases: Phases, *, engine=None,
-           newcomer: Newcomer | None = None) -> list[dict[str, Any]]:
+           newcomer: Newcomer | None = None) -> list[ShrinkStep]:
     """Re-store adapters smaller until `need` bytes are freed, or no step is left. Returns what was
-    tried, in order: {"names", "stored_as", "compressed_to", "retention", "freed_bytes", "kept"}."""
+    tried, in order."""
     lowest = cfg.pool.compress_to
     if lowest == "off" or need <= 0:
         return []
@@ -71,7 +72,7 @@ def shrink(store: Store, cfg: Config, need: int, phases: Phases, *, engine=None,
             phases.note(f"storing adapters smaller would free at most {format_size(potential)} of the "
                         f"{format_size(need)} needed; merging instead", "compress")
         return []
-    tried: list[dict[str, Any]] = []
+    tried: list[ShrinkStep] = []
     freed = 0
     mergers: dict[str, Any] = {}
     for storage in ladder:
@@ -86,7 +87,7 @@ def shrink(store: Store, cfg: Config, need: int, phases: Phases, *, engine=None,
                 mergers[item.base] = PoolMerger.for_base(store, cfg, item.base, engine, phases)
             step = _step(store, cfg, mergers[item.base], item, storage, newcomer)
             tried.append(step)
-            freed += step["freed_bytes"] if step["kept"] else 0
+            freed += step.freed_bytes if step.kept else 0
     return tried
 
 
@@ -136,7 +137,7 @@ def _size(item: _Item, store: Store, storage: str, newcomer: Newcomer | None = N
     return item.sizes[storage]
 
 
-def _step(store: Store, cfg: Config, merger, item: _Item, storage: str, newcomer: Newcomer | None) -> dict[str, Any]:
+def _step(store: Store, cfg: Config, merger, item: _Item, storage: str, newcomer: Newcomer | None) -> ShrinkStep:
     """Write `item` in `storage`, gate it on every profile it serves, and keep it if they all pass."""
     from zenedge.adapters.lora_tensors import read_lora_factors, write_peft_adapter
     from zenedge.pool.gate import Member
@@ -162,8 +163,7 @@ def _step(store: Store, cfg: Config, merger, item: _Item, storage: str, newcomer
                                    cfg.pool.compress_threshold, phases)
         retention = {m.name: round(m.retention, 4) for m in result.measurements}
         kept = result.passed
-        step = {"names": item.names, "stored_as": item.storage, "compressed_to": storage, "retention": retention,
-                "freed_bytes": item.bytes - size, "kept": kept}
+        step = ShrinkStep(item.names, item.storage, storage, retention, freed_bytes=item.bytes - size, kept=kept)
         least = min(retention.values(), default=0.0)
         if not kept:
             item.refused = True
@@ -171,10 +171,10 @@ def _step(store: Store, cfg: Config, merger, item: _Item, storage: str, newcomer
             if newcomer is not None and newcomer.entry.name in result.anchors:
                 newcomer.entry.quality = result.anchors[newcomer.entry.name]
             phases.note(f"keeping {item.label} as {item.storage}: {storage} keeps {least:.3f} of its gain "
-                        f"(pool.compress_threshold {cfg.pool.compress_threshold:g})", "compress", **step)
+                        f"(pool.compress_threshold {cfg.pool.compress_threshold:g})", "compress", **step.as_dict())
             return step
         phases.note(f"compressing {item.label}: {storage}, keeps {least:.3f} of its gain, frees "
-                    f"{format_size(item.bytes - size)}", "compress", **step)
+                    f"{format_size(item.bytes - size)}", "compress", **step.as_dict())
         state = {**((item.row or {}).get("state") or {}),
                  "compressed": {"from": item.storage, "to": storage, "retention": retention}}
         if item.row is None:

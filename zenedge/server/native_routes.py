@@ -101,7 +101,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
             from zenedge.pool.pull import pull as pull_fn
 
             def job(progress) -> dict:
-                return pull_fn(state.store, state.cfg, name, progress=progress, engine=state.engine)
+                return pull_fn(state.store, state.cfg, name, progress=progress, engine=state.engine).as_dict()
 
             if not body.stream:
                 result = await state.jobs.run(f"pull {name}", job)
@@ -123,7 +123,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
 
         def job(progress=None) -> dict:
             return import_path(state.store, state.cfg, path, body.name, base=body.base, eval_path=eval_path,
-                               engine=state.engine, progress=progress)
+                               engine=state.engine, progress=progress).as_dict()
 
         if not body.stream:
             result = await state.jobs.run(f"import {body.name}", job)
