@@ -23,22 +23,14 @@ def register(app: click.Group) -> None:
         app.add_command(command)
 
 
-def list_entries(store, cfg) -> list[dict]:
-    pinned = store.pinned_ids(cfg.runtime.pinned)  # by `zenedge pin` or by the config
-    return [{
-        "name": row["name"], "kind": row["kind"], "bytes": row["bytes"], "base": row["base"],
-        "served_by": row["adapter_id"][:12], "shared_with": row["sharing"] - 1,
-        "pinned": row["adapter_id"] in pinned, "version": row["version"], "requests": row["request_count"],
-        "last_used_at": row["last_used_at"], "compressed_to": row["compressed_to"],
-    } for row in store.names()]
-
-
 @click.command("list")
 @json_option
 def list_cmd(json_out: bool) -> None:
     """List the profiles in the pool (name, kind, size, the adapter serving it)."""
     cfg = load_config()  # first: a broken config changes nothing
-    entries = list_entries(open_store(), cfg)
+    from zenedge.pool.listing import entries as pool_entries
+
+    entries = pool_entries(open_store(), cfg)
     if json_out:
         return print_json(entries)
     now = time.time()

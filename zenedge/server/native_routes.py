@@ -23,8 +23,9 @@ from starlette.concurrency import run_in_threadpool
 from zenedge.api import wire
 from zenedge.errors import InvalidInput, ZenedgeError
 from zenedge.names import split_reference
-from zenedge.server import errors, ollama_models, ollama_routes, streaming
+from zenedge.pool import listing
 from zenedge.pool.budget import set_budget as set_pool_budget
+from zenedge.server import errors, ollama_models, ollama_routes, streaming
 from zenedge.server.background import Background
 from zenedge.server.errors import Forbidden
 from zenedge.server.security import over_unix_socket
@@ -50,7 +51,7 @@ def router(state: DaemonState, background: Background) -> APIRouter:
 
     @api.get("/api/list", response_model=wire.PoolList)
     async def list_() -> dict:
-        return {"models": await run_in_threadpool(_entries, state)}
+        return {"models": await run_in_threadpool(listing.entries, state.store, state.cfg)}
 
     @api.get("/api/ps", response_model=wire.Ps)
     async def ps() -> dict:
@@ -255,16 +256,6 @@ async def _streamed_job(state: DaemonState, label: str, job: Callable[[Callable[
             current = await events.get()
 
     return streaming.JobStreamingResponse(lines(), on_close=lambda: None, media_type="application/x-ndjson")
-
-
-def _entries(state: DaemonState) -> list[dict]:
-    pinned = state.store.pinned_ids(state.cfg.runtime.pinned)  # by `zenedge pin` or by the config
-    return [{
-        "name": row["name"], "kind": row["kind"], "bytes": row["bytes"], "base": row["base"],
-        "served_by": row["adapter_id"][:12], "shared_with": row["sharing"] - 1, "pinned": row["adapter_id"] in pinned,
-        "version": row["version"] or "", "requests": row["request_count"], "last_used_at": row["last_used_at"],
-        "compressed_to": row["compressed_to"],
-    } for row in state.store.names()]
 
 
 def _budget_status(state: DaemonState) -> dict:
