@@ -1,5 +1,5 @@
 """zenedge's C kernels for the CPU against torch's ops, one thread, in one run:
-`python -m zenedge.bench.cpu_kernels [--rounds 15] [--json PATH]`.
+`python -m tools.cpu_kernels [--rounds 15] [--json PATH]`.
 
 - int4 products streamed over a model's worth of weights (SmolLM2-135M's 30 layers of q/k/v,
   o, gate/up and down, in model order: what a decode step reads, too much for the caches), and
