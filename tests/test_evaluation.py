@@ -110,6 +110,31 @@ def test_a_shared_prefix_run_once_gives_the_same_losses(model, tokenizer):
         right_padded_batch(encoded, pad_id=0, skip=min(len(e.prompt_ids) for e in encoded))
 
 
+def test_a_peft_wrapped_model_scores_as_its_merged_weights_do(model, tokenizer):
+    """PEFT's wrapper has its own `base_model` (the tuner, which gives logits): scoring looks through it."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from zenedge.evaluation import shared_prefix
+    from zenedge.runtime.backbone import prefix_states
+
+    torch.manual_seed(1)
+    wrapped = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                              init_lora_weights=False)).eval()
+    encoded = encode_examples(tokenizer, EXAMPLES[:3], max_len=256)
+    batch = right_padded_batch(encoded, pad_id=tokenizer.pad_token_id)
+    losses = example_losses(wrapped, batch)
+    merged = copy.deepcopy(wrapped).merge_and_unload()
+    assert torch.allclose(losses, example_losses(merged, batch), rtol=1e-5)
+    assert not torch.allclose(losses, example_losses(model, batch), rtol=1e-3)   # the adapter counts
+    skip = shared_prefix(encoded)
+    prefix = [(k.expand(len(encoded), -1, -1, -1), v.expand(len(encoded), -1, -1, -1))
+              for k, v in prefix_states(wrapped, encoded[0].prompt_ids[:skip])]
+    skipped = example_losses(wrapped, right_padded_batch(encoded, pad_id=tokenizer.pad_token_id, skip=skip), prefix)
+    assert torch.allclose(losses, skipped, rtol=1e-5)
+
+
 def test_answer_loss_does_not_depend_on_padding_or_batching(model, tokenizer):
     encoded = encode_examples(tokenizer, EXAMPLES, max_len=256)
     batched = answer_loss(model, encoded, batch_size=4)

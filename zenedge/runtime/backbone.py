@@ -42,12 +42,19 @@ def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
     return input_ids, attention_mask
 
 
+def decoder_of(model):
+    """The decoder stack of a causal LM (its `base_model`), through a PEFT wrapper: the wrapper's
+    `base_model` is its tuner, whose forward gives logits, not hidden states."""
+    unwrap = getattr(model, "get_base_model", None)   # PEFT: the model its layers were injected into
+    return (unwrap() if unwrap else model).base_model
+
+
 def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                   prefix: KeysValues | None = None) -> torch.Tensor:
     """The decoder's last hidden states [B, T, hidden] of right-padded rows. `prefix`: every layer's
     keys and values of tokens that precede every row (`prefix_states`, one row's repeated or each
     row's own), read as cached context instead of again."""
-    decoder = model.base_model
+    decoder = decoder_of(model)
     kwargs = {}
     if prefix is not None:
         from transformers import DynamicCache
@@ -65,6 +72,6 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 def prefix_states(model, prefix_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Keys and values of a prefix (one row) in every layer: [1, heads, P, head_dim] each."""
     device = next(model.parameters()).device
-    out = model.base_model(input_ids=torch.tensor([list(prefix_ids)], device=device), use_cache=True)
+    out = decoder_of(model)(input_ids=torch.tensor([list(prefix_ids)], device=device), use_cache=True)
     cache = getattr(out, "cache", None) or out.past_key_values
     return [(layer.keys, layer.values) for layer in cache.layers]
