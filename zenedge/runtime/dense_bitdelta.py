@@ -17,7 +17,7 @@ A variant is densified only into headroom; to make headroom, dense copies of var
 lower request rate are dropped first (they fall back to the packed path, they are not evicted).
 Variants that never fit stay on the packed path: that is the "cold" path.
 
-On CUDA nothing is densified: the fused Triton kernel already reads ~1.06× the base's bytes.
+On CUDA nothing is densified: the fused Triton kernel reads little more than the base's bytes.
 """
 
 from __future__ import annotations

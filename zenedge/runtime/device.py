@@ -3,13 +3,11 @@ activations with int4 weight-only decoder linears and a bf16 output head, unless
 `runtime.device` / `runtime.dtype` / `runtime.weights` say otherwise (cpu_weights.py).
 
 Why int4 is the CPU default: decode streams every weight once per token, so bytes per weight
-decide the speed. bf16 halves them but torch's CPU bf16 kernels did not turn that into speed on
-the machine we measured (BENCHMARKS.md: 0.9-1.2× fp32); int4 reads 1/6 of fp32's bytes and
-decodes 2.8–3.0× faster than zenedge's own fp32 path (3.8× transformers' fp32 generate, with the
-C kernels of kernels/), for an answer loss within 0.018 nats of fp32 on the profiles' eval sets
-and exact-match scores within one example in 32 (BENCHMARKS.md). Greedy text can still
-change where fp32 is nearly undecided between two tokens, as with bf16; `runtime.weights =
-"full"` gives fp32's exact numbers."""
+decide the speed. bf16 halves them, but torch's CPU bf16 kernels did not turn that into speed;
+int4 reads a sixth of fp32's bytes, through the C kernels of kernels/, for an answer loss and
+exact-match scores close to fp32's on the profiles' eval sets (BENCHMARKS.md has the figures).
+Greedy text can still change where fp32 is nearly undecided between two tokens, as with bf16;
+`runtime.weights = "full"` gives fp32's exact numbers."""
 
 from __future__ import annotations
 

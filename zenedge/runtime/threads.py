@@ -52,8 +52,8 @@ RECENT = 0.25         # seconds a thread of ours counts as running forwards afte
 # libgomp (Linux torch) spins this many rounds (well under a millisecond here) before an idle
 # worker sleeps (default 300000, 10x longer); LLVM's libomp (macOS) sleeps after KMP_BLOCKTIME ms
 # (default 200). On a quiet machine the three ways to wait score the gate's batches equally fast
-# (benchmarks/2026-12-02-openmp-wait.txt: 1.76 s bounded, 1.84 s passive, 1.87 s default, within
-# noise); a bounded spin keeps a quick hand-off between the regions of one op, and sleeps soon.
+# (BENCHMARKS.md); a bounded spin keeps a quick hand-off between the regions of one op, and sleeps
+# soon, so a busy core elsewhere does not stall the workers waiting for it.
 OPENMP_ENVIRONMENT = {"GOMP_SPINCOUNT": "30000", "KMP_BLOCKTIME": "1"}
 
 
