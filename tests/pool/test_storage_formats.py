@@ -57,6 +57,25 @@ def test_smaller_formats_take_fewer_bytes_and_describe_themselves(tmp_path):
         assert handle.get_tensor(key + ".scale").dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+def test_the_same_factors_always_give_the_same_bytes(tmp_path, fmt):
+    """The pool names an adapter by its file's sha256: the same content must give the same file
+    (safetensors writes its metadata in hash-map order; the writer sorts the header)."""
+    from safetensors.torch import load_file
+
+    from zenedge.adapters.safetensors_file import read_header
+
+    files = []
+    for attempt in range(6):
+        write_peft_adapter(factors(3), tmp_path / str(attempt), base_model="tiny", storage_format=fmt)
+        files.append((tmp_path / str(attempt) / "adapter_model.safetensors").read_bytes())
+    assert len(set(files)) == 1
+    weights = tmp_path / "0" / "adapter_model.safetensors"
+    header = read_header(weights)    # what the pool validates: offsets, sizes, no trailing bytes
+    assert header.data_start % 8 == 0 and header.metadata["format"] == "pt"
+    assert set(load_file(weights)) == set(header.tensors)
+
+
 def test_rows_that_are_not_a_whole_number_of_groups_are_padded_and_cut_back(tmp_path):
     original = factors(2, out=70, inputs=45)   # 45 inputs, 70 and 38 outputs: none a multiple of 32
     config = write_peft_adapter(original, tmp_path, base_model="tiny", storage_format="int4")

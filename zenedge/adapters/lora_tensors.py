@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from zenedge.adapters import storage
 from zenedge.errors import InvalidAdapter
@@ -104,8 +103,8 @@ def write_peft_adapter(factors: dict[str, LoraFactors], directory: Path, *, base
     """
     directory.mkdir(parents=True, exist_ok=True)
     rank = max(f.rank for f in factors.values())
-    tensors, metadata = storage.encode(peft_tensors(factors, rank), storage_format)
-    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata=metadata)
+    (directory / "adapter_model.safetensors").write_bytes(storage.encoded_file(peft_tensors(factors, rank),
+                                                                               storage_format))
     config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
         "target_modules": sorted({m.rsplit(".", 1)[-1] for m in factors}), "lora_dropout": 0.0,

@@ -46,6 +46,16 @@ class SafetensorsHeader:
     file_size: int
 
 
+def canonical(data: bytes) -> bytes:
+    """The same safetensors file with its header's keys in sorted order. The library writes the
+    metadata in hash-map order, which changes from one write to the next: without this, the same
+    tensors stored twice would get two content digests (two adapter ids, no dedup)."""
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.dumps(json.loads(data[8:8 + header_len]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-(8 + len(header)) % 8)   # the data starts 8-byte aligned, as the library lays it out
+    return len(header).to_bytes(8, "little") + header + data[8 + header_len:]
+
+
 def read_header(path: Path) -> SafetensorsHeader:
     """Parse and validate the header of `path`; raise InvalidAdapter with a one-line reason."""
     try:

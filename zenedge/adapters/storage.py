@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from zenedge.adapters.safetensors_file import canonical
+
 FLOATS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SMALLER = ("bf16", "int8", "int4")   # what the pool may re-store an adapter in, largest first
 STORAGE_KEY, GROUP_KEY, COLUMNS_KEY = "zenedge.storage", "zenedge.group", "zenedge.columns"
@@ -110,6 +112,15 @@ def encode(tensors: dict[str, Tensor], storage: str) -> tuple[dict[str, Tensor],
     if columns:
         metadata[COLUMNS_KEY] = json.dumps(columns, sort_keys=True)
     return out, metadata
+
+
+def encoded_file(tensors: dict[str, Tensor], storage: str) -> bytes:
+    """The bytes of a safetensors file of PEFT-keyed factors in `storage`: the same tensors give the
+    same bytes, so the same content digest."""
+    from safetensors.torch import save
+
+    encoded, metadata = encode(tensors, storage)
+    return canonical(save(encoded, metadata=metadata))
 
 
 def decode(tensors: dict[str, Tensor], metadata: dict[str, str] | None) -> dict[str, Tensor]:

@@ -103,13 +103,12 @@ def _as_stored(weights: Path, cfg: Config, workdir: Path) -> Path:
 
     if cfg.pool.store_dtype == "given" or not {"F32", "F64"} & {t.dtype for t in read_header(weights).tensors.values()}:
         return weights
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
-    from zenedge.adapters.storage import encode
+    from zenedge.adapters.storage import encoded_file
 
-    tensors, metadata = encode(load_file(weights), "bf16")
     path = workdir / "adapter_model.safetensors"
-    save_file(tensors, str(path), metadata=metadata)
+    path.write_bytes(encoded_file(load_file(weights), "bf16"))
     return path
 
 

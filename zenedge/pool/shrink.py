@@ -126,14 +126,12 @@ def _factors(item: _Item, store: Store, newcomer: Newcomer | None) -> dict:
 def _size(item: _Item, store: Store, storage: str, newcomer: Newcomer | None = None) -> int:
     """The exact file size of `item` in `storage` (the header included)."""
     if storage not in item.sizes:
-        from safetensors.torch import save
-
         from zenedge.adapters.lora_tensors import peft_tensors
-        from zenedge.adapters.storage import encode
+        from zenedge.adapters.storage import encoded_file
 
         factors = _factors(item, store, newcomer)
-        tensors, metadata = encode(peft_tensors(factors, rank=max(f.rank for f in factors.values())), storage)
-        item.sizes[storage] = len(save(tensors, metadata=metadata))
+        item.sizes[storage] = len(encoded_file(peft_tensors(factors, rank=max(f.rank for f in factors.values())),
+                                               storage))
     return item.sizes[storage]
 
 
