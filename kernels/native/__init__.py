@@ -1,6 +1,6 @@
 """zenedge's C kernels for the CPU, compiled on first use with the system's C compiler.
 
-- `int4_gemv.c`: y = x·Wᵀ for weight-only int4 W (cpu_weights.NativeInt4Weight);
+- `int4_gemv.c`: y = x·Wᵀ for weight-only int4 W, summed in integers (cpu_weights.NativeInt4Weight);
 - `int8_gemv.c`: y = x·Wᵀ for int8 W in groups of 32 (Q8_0; cpu_weights.NativeInt8Weight, the head);
 - `rms_norm.c`: RMSNorm of fp32 rows (the lean forward's norms);
 - `decode_attention.c`: one query per row over the KV cache (the lean decode step's attention);
@@ -9,6 +9,7 @@
 - `decode_step.c`: a whole decode step of a Llama-family layer stack in one call, through the
   kernels above (runtime/lean_llama.py), its rows on any mix of variants, and SiLU(gate)·up;
 - `lanes.h`: the 16-lane fp32 vector they are all written in, once per instruction set, and e^x;
+- `x_rows.h`: x rounded to int16 or int8 per group of 32, as the int4 and sign kernels multiply it;
 - `kernels.h`: their C signatures (for decode_step.c, and the tests' C driver);
 - `cpu_features.c`: which instruction sets this CPU runs (built apart, with no such flags).
 
@@ -56,7 +57,7 @@ log = logging.getLogger("zenedge.kernels")
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("int4_gemv.c", "int8_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c", "sign_add.c",
                  "decode_step.c"))
-HEADERS = (Path(__file__).with_name("lanes.h"), Path(__file__).with_name("kernels.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("lanes.h", "x_rows.h", "kernels.h"))
 PROBE = Path(__file__).with_name("cpu_features.c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as the torch ops they stand for.
 FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC")
@@ -223,12 +224,31 @@ BLOCK_ROWS = 16             # int4_gemv.c and int8_gemv.c ROWS: rows of W per bl
 
 def int4_layout(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
     """int4_gemv.c's layout of int4 codes q [N, K] (0..15) with bf16 scale and zero [N, K/32]:
-    (codes uint8 [N/16, K/4, 32], scale and zero bf16 [N/16, K/32, 16]); N a multiple of 16."""
+    (codes uint8 [N/16, K/8, 64], scale and zero bf16 [N/16, K/32, 16]); N a multiple of 16."""
     rows, inputs = q.shape
-    blocks = q.to(torch.uint8).view(rows // BLOCK_ROWS, BLOCK_ROWS, inputs // 4, 4).transpose(1, 2)   # [B, K/4, 16, 4]
-    codes = torch.stack((blocks[..., 0] | (blocks[..., 2] << 4), blocks[..., 1] | (blocks[..., 3] << 4)), -1)
+    blocks = q.to(torch.uint8).view(rows // BLOCK_ROWS, BLOCK_ROWS, inputs // 8, 2, 4).transpose(1, 2)  # [B, K/8, 16, 2, 4]
+    codes = blocks[..., 0, :] | (blocks[..., 1, :] << 4)
     per_block = [t.view(rows // BLOCK_ROWS, BLOCK_ROWS, -1).transpose(1, 2).contiguous() for t in (scale, zero)]
-    return codes.reshape(rows // BLOCK_ROWS, inputs // 4, 2 * BLOCK_ROWS).contiguous(), *per_block
+    return codes.reshape(rows // BLOCK_ROWS, inputs // 8, 4 * BLOCK_ROWS).contiguous(), *per_block
+
+
+def int4_codes(codes: torch.Tensor) -> torch.Tensor:
+    """The int4 codes q [N, K] back from int4_layout's codes."""
+    blocks, chunks, _ = codes.shape
+    lanes = codes.view(blocks, chunks, BLOCK_ROWS, 4)
+    nibbles = torch.stack((lanes & 0xF, lanes >> 4), -2)                  # [B, K/8, 16, 2, 4]
+    return nibbles.transpose(1, 2).reshape(blocks * BLOCK_ROWS, chunks * 8)
+
+
+def rounded(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x [..., K] as the kernels multiply it (x_rows.h): rounded per group of 32 inputs to `bits`
+    bits (16: the int4 kernel, 8: the sign kernel), the step max|x|/(2^(bits-1) - 1), to nearest
+    even; in fp32 (for the self-tests and the tests' references)."""
+    groups = x.float().reshape(*x.shape[:-1], -1, 32)
+    limit = 2 ** (bits - 1) - 1
+    step = groups.abs().amax(-1, keepdim=True) / limit
+    inverse = torch.where(step != 0, 1 / step, torch.zeros_like(step))
+    return (torch.round(groups * inverse).clamp(-limit, limit) * step).reshape(x.shape)
 
 
 def int8_layout(codes: torch.Tensor, scale: torch.Tensor):
@@ -486,7 +506,7 @@ def _int4_ok(lib) -> bool:
         return False
     groups = q.float().view(rows, -1, 32) - 8
     weight = (groups * scale.float()[..., None] + zero.float()[..., None]).view(rows, inputs)
-    return bool(torch.allclose(y, x.bfloat16().float() @ weight.t(), rtol=1e-4, atol=1e-4))
+    return bool(torch.allclose(y, rounded(x, 16) @ weight.t(), rtol=1e-4, atol=1e-4))
 
 
 def _int8_ok(lib) -> bool:
@@ -551,13 +571,13 @@ def _lora_ok(lib) -> bool:
 
 def _sign_ok(lib) -> bool:
     g = torch.Generator().manual_seed(0)
-    rows, inputs = 37, 96                           # 4-row blocks and a tail; 3 groups of 32
+    rows, inputs = 37, 96                           # 8-row blocks and a tail; 3 groups of 32
     packed = torch.randint(0, 256, (rows, inputs // 8), generator=g, dtype=torch.uint8)
     alpha = torch.rand(rows, generator=g) * 0.01
     x, y = torch.randn(5, inputs, generator=g), torch.randn(5, rows, generator=g)   # a tile of 4 and one of 1
     bits = (packed[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1
     signs = (bits.view(rows, inputs).float() * 2 - 1)
-    want = y + (x.bfloat16().float() @ signs.t()) * alpha
+    want = y + (rounded(x, 8) @ signs.t()) * alpha
     if lib.zenedge_sign_add(x.data_ptr(), packed.data_ptr(), alpha.data_ptr(), y.data_ptr(), 5, inputs, rows,
                             inputs, rows):
         return False

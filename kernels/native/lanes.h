@@ -8,7 +8,7 @@
  *
  * The build defines one of ZENEDGE_AVX512, ZENEDGE_AVX2, ZENEDGE_NEON (kernels/native/__init__.py);
  * none: the scalar reference. Kernels that need more than these (int4_gemv.c's and sign_add.c's
- * bf16 dot products) keep their own small ISA-specific inner loops, equal to the v16 ones bit for bit.
+ * int8 dot products) keep their own small ISA-specific inner loops, whose integer sums are exact.
  */
 #ifndef ZENEDGE_LANES_H
 #define ZENEDGE_LANES_H
@@ -54,7 +54,7 @@ INLINE float from_bf16(uint16_t word) {
 }
 
 #if defined(ZENEDGE_AVX512) /* ------------------------------------------------------------------ */
-typedef __m512 v16;   /* (no v16_xor / v16_sign_mask: sign_add.c's AVX-512 tile uses VDPBF16PS) */
+typedef __m512 v16;
 INLINE v16 v16_zero(void) { return _mm512_setzero_ps(); }
 INLINE v16 v16_set1(float a) { return _mm512_set1_ps(a); }
 INLINE v16 v16_load(const float *p) { return _mm512_loadu_ps(p); }
@@ -98,7 +98,6 @@ INLINE v16 v16_add(v16 a, v16 b) { return BOTH(_mm256_add_ps, a, b); }
 INLINE v16 v16_sub(v16 a, v16 b) { return BOTH(_mm256_sub_ps, a, b); }
 INLINE v16 v16_mul(v16 a, v16 b) { return BOTH(_mm256_mul_ps, a, b); }
 INLINE v16 v16_div(v16 a, v16 b) { return BOTH(_mm256_div_ps, a, b); }
-INLINE v16 v16_xor(v16 a, v16 b) { return BOTH(_mm256_xor_ps, a, b); }
 INLINE v16 v16_fma(v16 a, v16 b, v16 c) { return (v16){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 INLINE v16 v16_abs(v16 a) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -134,12 +133,6 @@ INLINE __m256 widen_bf16_8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 INLINE v16 v16_from_bf16(const uint16_t *p) { return (v16){widen_bf16_8(p), widen_bf16_8(p + 8)}; }
-INLINE __m256 sign_mask_8(uint32_t bits, int first) {   /* lanes l = 0..7: bit first + 2l, to the sign bit, inverted */
-    const __m256i moved = _mm256_sllv_epi32(_mm256_set1_epi32((int)bits), _mm256_sub_epi32(
-        _mm256_set1_epi32(31 - first), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)));
-    return _mm256_castsi256_ps(_mm256_andnot_si256(moved, _mm256_set1_epi32((int)0x80000000u)));
-}
-INLINE v16 v16_sign_mask(uint32_t bits, int odd) { return (v16){sign_mask_8(bits, odd), sign_mask_8(bits, 16 + odd)}; }
 INLINE float v16_sum(v16 a) {
     __m256 t = _mm256_add_ps(a.lo, a.hi);
     __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
@@ -160,12 +153,6 @@ NEON_EACH2(v16_add, vaddq_f32)
 NEON_EACH2(v16_sub, vsubq_f32)
 NEON_EACH2(v16_mul, vmulq_f32)
 NEON_EACH2(v16_div, vdivq_f32)
-INLINE v16 v16_xor(v16 a, v16 b) {
-    v16 r;
-    for (int i = 0; i < 4; i++)
-        r.q[i] = vreinterpretq_f32_u32(veorq_u32(vreinterpretq_u32_f32(a.q[i]), vreinterpretq_u32_f32(b.q[i])));
-    return r;
-}
 INLINE v16 v16_fma(v16 a, v16 b, v16 c) { v16 r; for (int i = 0; i < 4; i++) r.q[i] = vfmaq_f32(c.q[i], a.q[i], b.q[i]); return r; }
 INLINE v16 v16_abs(v16 a) { v16 r; for (int i = 0; i < 4; i++) r.q[i] = vabsq_f32(a.q[i]); return r; }
 INLINE v16 v16_where_negative(v16 x, v16 a) {
@@ -207,16 +194,6 @@ INLINE v16 v16_from_bf16(const uint16_t *p) {
         r.q[i] = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p + 4 * i), 16));
     return r;
 }
-INLINE v16 v16_sign_mask(uint32_t bits, int odd) {
-    static const uint32_t shifts[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const uint32x4_t word = vdupq_n_u32(bits), sign = vdupq_n_u32(0x80000000u);
-    v16 r;
-    for (int i = 0; i < 4; i++) {
-        const uint32x4_t lane_bit = vshlq_u32(vdupq_n_u32(1), vreinterpretq_s32_u32(vaddq_u32(vld1q_u32(shifts + 4 * i), vdupq_n_u32((uint32_t)odd))));
-        r.q[i] = vreinterpretq_f32_u32(vbicq_u32(sign, vtstq_u32(word, lane_bit)));
-    }
-    return r;
-}
 INLINE float v16_sum(v16 a) {
     const float32x4_t u = vaddq_f32(vaddq_f32(a.q[0], a.q[2]), vaddq_f32(a.q[1], a.q[3]));
     const float32x4_t w = vaddq_f32(u, vextq_f32(u, u, 2));
@@ -236,11 +213,6 @@ INLINE v16 v16_mul(v16 a, v16 b) { v16 r; LANES(r.f[l] = a.f[l] * b.f[l]); retur
 INLINE v16 v16_div(v16 a, v16 b) { v16 r; LANES(r.f[l] = a.f[l] / b.f[l]); return r; }
 INLINE v16 v16_fma(v16 a, v16 b, v16 c) { v16 r; LANES(r.f[l] = fmaf(a.f[l], b.f[l], c.f[l])); return r; }
 INLINE v16 v16_abs(v16 a) { v16 r; LANES(r.f[l] = fabsf(a.f[l])); return r; }
-INLINE v16 v16_xor(v16 a, v16 b) {
-    v16 r;
-    LANES(uint32_t x; uint32_t y; memcpy(&x, &a.f[l], 4); memcpy(&y, &b.f[l], 4); x ^= y; memcpy(&r.f[l], &x, 4));
-    return r;
-}
 INLINE v16 v16_where_negative(v16 x, v16 a) { v16 r; LANES(r.f[l] = x.f[l] < 0.0f ? a.f[l] : x.f[l]); return r; }
 INLINE v16 v16_zero_below(v16 a, v16 x, float limit) { v16 r; LANES(r.f[l] = x.f[l] < limit ? 0.0f : a.f[l]); return r; }
 INLINE v16 v16_round(v16 a) { v16 r; LANES(r.f[l] = nearbyintf(a.f[l])); return r; }   /* the default mode: to nearest even */
@@ -258,11 +230,6 @@ INLINE float from_half(uint16_t h) {   /* fp16 → fp32, exactly */
 }
 INLINE v16 v16_from_half(const uint16_t *p) { v16 r; LANES(r.f[l] = from_half(p[l])); return r; }
 INLINE v16 v16_from_bf16(const uint16_t *p) { v16 r; LANES(r.f[l] = from_bf16(p[l])); return r; }
-INLINE v16 v16_sign_mask(uint32_t bits, int odd) {
-    v16 r;
-    LANES(const uint32_t m = (bits >> (2 * l + odd)) & 1u ? 0u : 0x80000000u; memcpy(&r.f[l], &m, 4));
-    return r;
-}
 INLINE float v16_sum(v16 a) {
     float t[8], u[4];
     for (int l = 0; l < 8; l++)

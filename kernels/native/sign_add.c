@@ -4,136 +4,123 @@
  * (the int4 kernel, shared by every row of a step) plus this: the variant's sign bits, a quarter
  * of the int4 stream, read once per step for all the rows that use it. No dense W + α⊙S is made.
  *
- *   - per 32 inputs, the 4 bytes of a row of S are a 32-bit mask (bit i: input 32g + i, LSB first,
- *     1 for +1: zenedge/bitdelta/packing.py), blended into 32 bf16 words ±1.0 once for every x row;
- *   - VDPBF16PS multiplies them with x in bf16 (the activations' rounding the int4 kernel makes),
- *     32 products per instruction, summed in fp32 straight into the (S row, x row) accumulator:
- *     α is per output, so no scale per group;
- *   - then y[m, n] = α[n]·Σ + y[m, n], one fused multiply-add.
- * Every (S row, x row) sum takes the same steps whatever the other rows are (tiles of up to 4 × 4,
- * each sum on its own accumulator, reduced once): a row's numbers do not depend on its batch mates.
+ * x is rounded to int8 per group of 32 inputs (x_rows.h: the delta's product is scaled down by α,
+ * so int8's 0.5 % of it is far below the int4 product's own rounding), and the sums are made in
+ * integers: per group, Σ s·x̂ = 2·Σ_{s = +1} x̂ − Σ x̂; then A = Σ_g d_g·(Σ s·x̂)_g
+ * in fp32, one fused multiply-add per group in the groups' order, and y[m, n] = α[n]·A + y[m, n].
+ *   - AVX2 (and the AVX-512 build): a row's 32 bits of a group become 32 bytes 0 or 1 (a byte
+ *     shuffle, a mask, a minimum), multiplied with x̂ by VPMADDUBSW, 32 products per instruction;
+ *     8 rows of S are reduced together by horizontal adds, so their 8 group sums land in one
+ *     vector; the bytes of a row of S serve up to TILE rows of x;
+ *   - the portable loop (NEON and scalar builds) makes the same integer sums.
+ * The integer sums are exact and the fp32 steps are the same on every build, so every instruction
+ * set gives the same bits; every (S row, x row) sum takes the same steps whatever the other rows
+ * are, so a row's numbers do not depend on its batch mates.
  *
- * That is the AVX-512 BF16 build. Elsewhere (AVX2, NEON, the scalar reference) a -1 flips the sign
- * bit of x's lane and the lanes add: the same odd-then-even sums as VDPBF16PS (x times ±1 is exact),
- * so every instruction set gives the same bits. Only `signs_of`, `tile` and x's form differ.
- *
- * x fp32 [M, K] with row stride ldx; signs uint8 [N, K/8]; alpha fp32 [N]; y fp32 [M, N] with row
- * stride ldy, updated in place. K a multiple of 32, at most MAX_INPUTS. Returns 0; -1 when it could
- * not allocate its scratch, -2 for a K it does not take (nothing written then).
+ * x fp32 [M, K] with row stride ldx; signs uint8 [N, K/8] (bit i of byte j: input 8j + i, 1 for
+ * +1: zenedge/bitdelta/packing.py); alpha fp32 [N]; y fp32 [M, N] with row stride ldy, updated in
+ * place. K a multiple of 32, at most MAX_INPUTS. Returns 0; -1 when it could not allocate its
+ * scratch, -2 for a K it does not take (nothing written then).
  */
-#include "lanes.h"
+#include "x_rows.h"
 
 #define MAX_INPUTS 32768
-#if defined(ZENEDGE_AVX512)
-#define TILE_S 4           /* rows of S per tile */
-#define TILE 4             /* rows of x per tile: 16 accumulators in registers */
-#else
-#define TILE_S 1           /* one row of S's lane masks (8 operations per 32 inputs) shared by 4 rows of x */
-#define TILE 4
-#endif
+#define TILE 4             /* rows of x per pass over 8 rows of S */
 
-#if defined(ZENEDGE_AVX512)
-typedef __m512bh x_group;   /* a group of 32 inputs of x in bf16 */
-INLINE x_group x_group_of(const float *src) { return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src)); }
+/* Rows n0..n1-1 of S against every row of x, one (S row, x row) sum at a time: the reference
+   steps, and the rows AVX2's blocks of 8 leave over */
+static void rows_one_by_one(const uint8_t *signs, int64_t K, const x_rows *x, const float *alpha, float *y,
+                            int64_t ldy, int64_t M, int64_t n0, int64_t n1) {
+    const int64_t groups = K / 32, row_bytes = K / 8;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t m = 0; m < M; m++) {
+            float a = 0.0f;
+            for (int64_t g = 0; g < groups; g++) {
+                const uint8_t *bits = signs + n * row_bytes + g * 4;
+                const int8_t *codes = (const int8_t *)x->codes + m * K + g * 32;
+                int32_t plus = 0;
+                for (int j = 0; j < 32; j++)
+                    plus += (bits[j / 8] >> (j % 8) & 1) * codes[j];
+                a = fmaf((float)(2 * plus - x->sum[m * groups + g]), x->step[m * groups + g], a);
+            }
+            y[m * ldy + n] = fmaf(alpha[n], a, y[m * ldy + n]);
+        }
+}
 
-/* 32 bf16 words: +1.0 where the mask's bit is set, -1.0 elsewhere */
-INLINE __m512bh signs_of(const uint8_t *bytes) {
-    uint32_t bits;
+#if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
+/* 32 bytes: 1 where the group's bit is set, 0 elsewhere */
+INLINE __m256i ones_of(const uint8_t *bytes) {
+    int32_t bits;
     memcpy(&bits, bytes, 4);
-    return (__m512bh)_mm512_mask_blend_epi16((__mmask32)bits, _mm512_set1_epi16((short)0xBF80),
-                                             _mm512_set1_epi16(0x3F80));
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(bits),       /* byte k: bits byte k / 8 */
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i select = _mm256_set1_epi64x(0x8040201008040201LL);             /* byte k: 1 << k % 8 */
+    return _mm256_min_epu8(_mm256_and_si256(spread, select), _mm256_set1_epi8(1));
 }
 
-/* The (S row, x row) sums of R rows of S (1 to TILE_S) against MC rows of x (1 to TILE) from x row m0 */
-INLINE void tile(const uint8_t *signs, int64_t row_bytes, int64_t groups, const x_group *xs, int64_t m0,
-                 v16 acc[TILE_S][TILE], const int R, const int MC) {
+/* 8 rows of S from row n against MC rows of x from row m0: acc[i] lane r = A of (S row n + r, x row m0 + i) */
+INLINE void tile(const uint8_t *signs, int64_t K, const x_rows *x, int64_t n, int64_t m0, __m256 *acc,
+                 const int MC) {
+    const int64_t groups = K / 32, row_bytes = K / 8;
     for (int64_t g = 0; g < groups; g++) {
-        __m512bh s[TILE_S];
-        for (int r = 0; r < R; r++)
-            s[r] = signs_of(signs + r * row_bytes + g * 4);
+        __m256i ones[8];
+        for (int r = 0; r < 8; r++)
+            ones[r] = ones_of(signs + (n + r) * row_bytes + g * 4);
         for (int i = 0; i < MC; i++) {
-            const __m512bh x = xs[(m0 + i) * groups + g];
-            for (int r = 0; r < R; r++)
-                acc[r][i] = _mm512_dpbf16_ps(acc[r][i], x, s[r]);
+            const int64_t at = (m0 + i) * groups + g;
+            const __m256i codes = _mm256_loadu_si256((const __m256i *)((const int8_t *)x->codes + (m0 + i) * K + g * 32));
+            __m256i p[8];
+            for (int r = 0; r < 8; r++)
+                p[r] = _mm256_maddubs_epi16(ones[r], codes);   /* pairs of inputs, per row of S */
+            /* per 128-bit half: [row 0 .. row 7] partial sums, then the two halves added */
+            const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])),
+                                                _mm256_hadd_epi16(_mm256_hadd_epi16(p[4], p[5]), _mm256_hadd_epi16(p[6], p[7])));
+            const __m128i plus = _mm_add_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            const __m256i sums = _mm256_sub_epi32(_mm256_slli_epi32(_mm256_cvtepi16_epi32(plus), 1),
+                                                  _mm256_set1_epi32(x->sum[at]));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(x->step[at]), acc[i]);
         }
     }
 }
 
+static void rows_in_blocks(const uint8_t *signs, int64_t K, const x_rows *x, const float *alpha, float *y,
+                           int64_t ldy, int64_t M, int64_t N) {
+    for (int64_t n = 0; n + 8 <= N; n += 8)
+        for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+            __m256 acc[TILE];
+            for (int i = 0; i < TILE; i++)
+                acc[i] = _mm256_setzero_ps();
+            const int MC = M - m0 >= TILE ? TILE : (int)(M - m0);
+            switch (MC) {   /* MC constant in each call: unrolled, in registers */
+            case 4: tile(signs, K, x, n, m0, acc, 4); break;
+            case 3: tile(signs, K, x, n, m0, acc, 3); break;
+            case 2: tile(signs, K, x, n, m0, acc, 2); break;
+            default: tile(signs, K, x, n, m0, acc, 1); break;
+            }
+            const __m256 a = _mm256_loadu_ps(alpha + n);
+            for (int i = 0; i < MC; i++) {
+                float *out = y + (m0 + i) * ldy + n;
+                _mm256_storeu_ps(out, _mm256_fmadd_ps(a, acc[i], _mm256_loadu_ps(out)));
+            }
+        }
+    rows_one_by_one(signs, K, x, alpha, y, ldy, M, N / 8 * 8, N);
+}
 #else
-typedef struct { v16 even, odd; } x_group;   /* lane l: inputs 2l and 2l + 1, rounded to bf16 */
-INLINE x_group x_group_of(const float *src) {
-    float even[16], odd[16];
-    for (int l = 0; l < 16; l++) {
-        even[l] = from_bf16(to_bf16(src[2 * l]));
-        odd[l] = from_bf16(to_bf16(src[2 * l + 1]));
-    }
-    return (x_group){v16_load(even), v16_load(odd)};
-}
-
-INLINE void tile(const uint8_t *signs, int64_t row_bytes, int64_t groups, const x_group *xs, int64_t m0,
-                 v16 acc[TILE_S][TILE], const int R, const int MC) {
-    for (int64_t g = 0; g < groups; g++) {
-        v16 even[TILE_S], odd[TILE_S];   /* the sign bits to flip, per row of S */
-        for (int r = 0; r < R; r++) {
-            uint32_t bits;
-            memcpy(&bits, signs + r * row_bytes + g * 4, 4);
-            even[r] = v16_sign_mask(bits, 0);
-            odd[r] = v16_sign_mask(bits, 1);
-        }
-        for (int i = 0; i < MC; i++) {
-            const x_group x = xs[(m0 + i) * groups + g];
-            for (int r = 0; r < R; r++)
-                acc[r][i] = v16_add(v16_add(acc[r][i], v16_xor(x.odd, odd[r])), v16_xor(x.even, even[r]));
-        }
-    }
+static void rows_in_blocks(const uint8_t *signs, int64_t K, const x_rows *x, const float *alpha, float *y,
+                           int64_t ldy, int64_t M, int64_t N) {
+    rows_one_by_one(signs, K, x, alpha, y, ldy, M, 0, N);
 }
 #endif
-
-/* y[m, n] = α[n]·Σ + y[m, n] for each sum of a tile, one rounding (written out so that no compiler
-   setting changes it) */
-INLINE void finish(const v16 acc[TILE_S][TILE], const float *alpha, float *y, int64_t ldy, int64_t m0, int64_t n,
-                   const int R, const int MC) {
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < MC; i++) {
-            float *out = y + (m0 + i) * ldy + n + r;
-            *out = fmaf(alpha[n + r], v16_sum(acc[r][i]), *out);
-        }
-}
-
-INLINE void tiles(const uint8_t *s, int64_t row_bytes, int64_t groups, const x_group *xs, const float *alpha,
-                  float *y, int64_t ldy, int64_t M, int64_t n, const int R) {
-    for (int64_t m0 = 0; m0 < M; m0 += TILE) {
-        const int MC = M - m0 >= TILE ? TILE : (int)(M - m0);
-        v16 acc[TILE_S][TILE];
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < TILE; i++)
-                acc[r][i] = v16_zero();
-        switch (MC) {   /* MC constant in each call: unrolled, in registers */
-        case 4: tile(s, row_bytes, groups, xs, m0, acc, R, 4); break;
-        case 3: tile(s, row_bytes, groups, xs, m0, acc, R, 3); break;
-        case 2: tile(s, row_bytes, groups, xs, m0, acc, R, 2); break;
-        default: tile(s, row_bytes, groups, xs, m0, acc, R, 1); break;
-        }
-        finish(acc, alpha, y, ldy, m0, n, R, MC);
-    }
-}
 
 int zenedge_sign_add(const float *x, const uint8_t *signs, const float *alpha, float *y, int64_t M, int64_t K,
                      int64_t N, int64_t ldx, int64_t ldy) {
-    const int64_t groups = K / 32, row_bytes = K / 8;
     if (K % 32 || K > MAX_INPUTS)
         return -2;
-    x_group *xs = scratch((size_t)(M * groups) * sizeof(x_group));
-    if (!xs)
+    x_rows rows;
+    if (x_rows_make(&rows, x, M, K, ldx, 8, NULL))
         return -1;
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t g = 0; g < groups; g++)
-            xs[m * groups + g] = x_group_of(x + m * ldx + g * 32);
-    int64_t n = 0;
-    for (; n + TILE_S <= N; n += TILE_S)
-        tiles(signs + n * row_bytes, row_bytes, groups, xs, alpha, y, ldy, M, n, TILE_S);
-    for (; n < N; n++)
-        tiles(signs + n * row_bytes, row_bytes, groups, xs, alpha, y, ldy, M, n, 1);
-    free(xs);
+    rows_in_blocks(signs, K, &rows, alpha, y, ldy, M, N);
+    x_rows_free(&rows);
     return 0;
 }

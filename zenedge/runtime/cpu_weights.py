@@ -11,10 +11,10 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
   (`aten._weight_int4pack_mm_for_cpu`, the CPU twin of gpt-fast's tinygemm path): a quarter of
   the bf16 bytes (plus 1/8 for scales), at a small cost in answer loss (BENCHMARKS.md).
 - `NativeInt4Weight`: the same int4 weights (same bytes, same dequantized values) multiplied by
-  zenedge's own C kernel (kernels/native/int4_gemv.c, built on first use where the CPU has AVX-512 BF16
-  and a C compiler is found): at one row of x it keeps closer to memory speed than torch's kernel,
-  and takes and returns fp32; at a few rows torch's is faster. The int4 format's default wherever
-  it builds (decode steps are one row per request); `Int4Weight` everywhere else.
+  zenedge's own C kernel (kernels/native/int4_gemv.c, built on first use where a C compiler is
+  found), which rounds x to int16 per group of 32 (finer than bf16) and sums in integers: it
+  takes and returns fp32 and keeps close to memory speed at one row. The int4 format's default
+  wherever it builds; `Int4Weight` everywhere else.
 - `NativeInt8Weight`: int8 in groups of 32 inputs with an fp16 scale each (llama.cpp's Q8_0),
   zenedge's C kernel (kernels/native/int8_gemv.c): the output head of an int4 model where it builds
   (the largest weight of a step, about half of bf16's bytes); for the embedded base, whose GGUF
@@ -22,7 +22,7 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
 
 torch's quantized kernels want bf16 activations (their fp32 paths are far slower), so `linear`
 casts x to bf16 and the result back: two tiny copies per matmul, whatever the model's dtype (the
-C kernel rounds x to bf16 itself and sums in fp32).
+C kernels round x themselves: to int16 for int4 W, not at all for the Q8_0 head).
 The plain weight stays the model's parameter (state_dict, BitDelta reconstruction and export
 read it; prefill and the quality gate multiply with it); the fast copy is extra memory.
 
@@ -188,7 +188,8 @@ class Int4Weight(CpuWeight):
 
 class NativeInt4Weight(CpuWeight):
     """The same int4 weights as Int4Weight (same codes, scales and zeros: the same dequantized
-    W, the same bytes), multiplied by zenedge's C kernel (kernels/native/int4_gemv.c), fp32 in and out:
+    W, the same bytes), multiplied by zenedge's C kernel (kernels/native/int4_gemv.c: x rounded to
+    int16 per group of 32), fp32 in and out:
     no casts around the call, laid out in blocks of 16 rows (native.int4_layout). Used where the
     kernel builds, the inputs are whole 64-wide blocks and the rows whole blocks of 16. Blocks are
     independent: stacked copies share the parts' memory entirely."""
@@ -203,7 +204,7 @@ class NativeInt4Weight(CpuWeight):
         self._set_size()
 
     def _set_size(self):
-        self.rows, self.inputs = self.codes.shape[0] * native.BLOCK_ROWS, self.codes.shape[1] * 4
+        self.rows, self.inputs = self.codes.shape[0] * native.BLOCK_ROWS, self.codes.shape[1] * 8
         self.nbytes = self.codes.numel() + (self.scale.numel() + self.zero.numel()) * 2
         # What every call passes, looked up once: the pointers together with their tensors, in
         # one attribute, so a call that read it holds the memory it points to even if `stacked`
@@ -257,7 +258,9 @@ class NativeInt4Weight(CpuWeight):
 
     def dequantized(self) -> torch.Tensor:
         """The weight the kernel multiplies by, in fp32 (for tests and quality checks)."""
-        return self._matmul(torch.eye(self.inputs)).t().contiguous()
+        q = native.int4_codes(self.codes).float().view(self.rows, -1, self.GROUP) - 8
+        scale, zero = (t.transpose(1, 2).reshape(self.rows, -1, 1).float() for t in (self.scale, self.zero))
+        return (q * scale + zero).view(self.rows, self.inputs)
 
 
 class NativeInt8Weight(CpuWeight):

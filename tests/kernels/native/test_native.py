@@ -125,14 +125,15 @@ def packed(signs: torch.Tensor) -> torch.Tensor:
 @needs_native
 @pytest.mark.parametrize("rows, inputs, outputs", [(1, 576, 37), (5, 96, 64), (9, 1536, 20)])
 def test_sign_add_is_alpha_times_the_signs_product_and_gives_each_row_its_own_sums(rows, inputs, outputs):
-    """y += α ⊙ (S·x) with x rounded to bf16 (as the int4 kernel rounds it); 4-row tiles and their
-    tails; a row alone gets bit for bit what it gets among other rows; y may be a strided slice."""
+    """y += α ⊙ (S·x) with x rounded to int8 per group of 32 (native.rounded); blocks
+    of 8 rows of S, tiles of 4 rows of x, and their tails; a row alone gets bit for bit what it gets
+    among other rows; y may be a strided slice."""
     torch.manual_seed(0)
     signs = torch.randint(0, 2, (outputs, inputs)).float() * 2 - 1
     alpha, x = torch.rand(outputs) * 0.01, torch.randn(rows, inputs)
     sign_add = native.sign_add_fn(packed(signs), alpha, inputs)
     y = torch.randn(rows, outputs + 8)[:, 4:4 + outputs]                             # strided rows
-    want = y.double() + (x.bfloat16().double() @ signs.double().t()) * alpha.double()
+    want = y.double() + (native.rounded(x, 8).double() @ signs.double().t()) * alpha.double()
     start = y.clone()
     got = sign_add(start.clone(), x)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
