@@ -14,15 +14,17 @@ typedef struct {
     int32_t *sum;       /* Σ x̂ per group [M, K/32] */
 } x_rows;
 
-static void x_rows_free(x_rows *r) {
+INLINE void x_rows_free(x_rows *r) {
     free(r->codes);
     free(r->step);
     free(r->sum);
 }
 
 /* x [M, K] with row stride ldx (K a multiple of 32) rounded to `bits` (8 or 16) bits; within each
-   run of 8 inputs, code j is input order[j] (order NULL: in order). 0, or -1 when out of memory. */
-static int x_rows_make(x_rows *r, const float *x, int64_t M, int64_t K, int64_t ldx, int bits, const int *order) {
+   run of 8 inputs, code j is input order[j] (order NULL: in order). 0, or -1 when out of memory.
+   Inlined, so that each kernel's constant bits and order unroll its loops (at one row of x this
+   rounding is a noticeable part of a product's time). */
+INLINE int x_rows_make(x_rows *r, const float *x, int64_t M, int64_t K, int64_t ldx, const int bits, const int *order) {
     const int64_t groups = K / 32;
     const float limit = bits == 8 ? 127.0f : 32767.0f;
     r->codes = scratch((size_t)(M * K) * (size_t)(bits / 8));
@@ -44,16 +46,17 @@ static int x_rows_make(x_rows *r, const float *x, int64_t M, int64_t K, int64_t 
             }
             const float d = finite ? amax / limit : NAN, inverse = finite && d != 0.0f ? 1.0f / d : 0.0f;
             int32_t sum = 0;
-            for (int j = 0; j < 32; j++) {
-                const float v = in[(j & ~7) + (order ? order[j & 7] : j & 7)];
-                float q = finite ? nearbyintf(v * inverse) : 0.0f;     /* |q| ≤ limit */
-                q = q > limit ? limit : q < -limit ? -limit : q;
-                if (bits == 8)
-                    ((int8_t *)r->codes)[m * K + g * 32 + j] = (int8_t)q;
-                else
-                    ((int16_t *)r->codes)[m * K + g * 32 + j] = (int16_t)q;
-                sum += (int32_t)q;
-            }
+            for (int c = 0; c < 4; c++)
+                for (int j = 0; j < 8; j++) {
+                    const float v = in[c * 8 + (order ? order[j] : j)];
+                    float q = finite ? nearbyintf(v * inverse) : 0.0f;     /* |q| ≤ limit */
+                    q = q > limit ? limit : q < -limit ? -limit : q;
+                    if (bits == 8)
+                        ((int8_t *)r->codes)[m * K + g * 32 + c * 8 + j] = (int8_t)q;
+                    else
+                        ((int16_t *)r->codes)[m * K + g * 32 + c * 8 + j] = (int16_t)q;
+                    sum += (int32_t)q;
+                }
             r->step[m * groups + g] = d;
             r->sum[m * groups + g] = sum;
         }
