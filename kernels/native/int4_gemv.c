@@ -15,8 +15,8 @@
  *     codes): two FMAs per group for 16 rows.
  *
  * The integer sums are exact, and what follows is lane by lane on lanes.h's v16 in one order, so
- * every instruction set gives the same bits: AVX2 (and the AVX-512 build, which runs the same
- * AVX2 loop), NEON, and the portable scalar loop. Decode streams every weight from memory, so
+ * every instruction set gives the same bits: AVX-512 (the AVX2 loop at twice the width), AVX2,
+ * NEON, and the portable scalar loop. Decode streams every weight from memory, so
  * bytes decide: scales and zeros stay bf16 (4 bytes per 32 weights).
  *
  * Layout (made by native.int4_layout, for cpu_weights.NativeInt4Weight): for the 16-row block b
@@ -57,15 +57,32 @@ INLINE void end_group(v16 *acc, const v16 *dot, v16 s, v16 zero, const x_rows *x
     }
 }
 
-#if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
-INLINE v16 v16_from_halves(__m256 lo, __m256 hi) {
 #if defined(ZENEDGE_AVX512)
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-#else
-    return (v16){lo, hi};
-#endif
+/* The 16 rows' sums of group g against MC rows of x: per 8 inputs, the 16 rows' words in one
+   vector; each nibble pair k, shifted and masked, times x̂'s matching pair broadcast (AVX2's loop
+   at twice the width) */
+INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t *xq, int64_t K, int64_t m0,
+                       int64_t g, v16 *dot, const int MC) {
+    const __m512i mask = _mm512_set1_epi32(0x000F000F);
+    __m512i sums[MAX_TILE];
+    for (int i = 0; i < MC; i++)
+        sums[i] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+        PREFETCH_L2(ahead + (g * 4 + c) * 64);
+        const __m512i v = _mm512_loadu_si512((const void *)(codes + (g * 4 + c) * 64));
+        for (int k = 0; k < 4; k++) {
+            const __m512i a = _mm512_and_si512(_mm512_srli_epi32(v, 4 * k), mask);
+            for (int i = 0; i < MC; i++) {
+                int32_t pair;
+                memcpy(&pair, xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
+                sums[i] = _mm512_add_epi32(sums[i], _mm512_madd_epi16(a, _mm512_set1_epi32(pair)));
+            }
+        }
+    }
+    for (int i = 0; i < MC; i++)
+        dot[i] = _mm512_cvtepi32_ps(sums[i]);
 }
-
+#elif defined(ZENEDGE_AVX2)
 /* The 16 rows' sums of group g against MC rows of x: per 8 inputs, rows 0-7 and 8-15 in two
    vectors; each nibble pair k, shifted and masked, times x̂'s matching pair broadcast */
 INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t *xq, int64_t K, int64_t m0,
@@ -91,7 +108,7 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
         }
     }
     for (int i = 0; i < MC; i++)
-        dot[i] = v16_from_halves(_mm256_cvtepi32_ps(top[i]), _mm256_cvtepi32_ps(bottom[i]));
+        dot[i] = (v16){_mm256_cvtepi32_ps(top[i]), _mm256_cvtepi32_ps(bottom[i])};
 }
 #elif defined(ZENEDGE_NEON)
 /* NEON: the same sums, four rows per register: each nibble pair k as two 16-bit lanes per row,
