@@ -143,6 +143,33 @@ def test_sign_add_is_alpha_times_the_signs_product_and_gives_each_row_its_own_su
         assert torch.equal(sign_add(start[i:i + 1].clone(), x[i:i + 1])[0], got[i])
 
 
+@needs_native
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_row_holding_nan_or_inf_gives_nan_and_leaves_the_other_rows_alone(bad):
+    """The integer products round x per group (x_rows.h): a group with no finite step makes its
+    row's outputs NaN, as a float product would, rather than finite numbers from garbage codes;
+    the other rows are the same as without it. A zero row gives zeros (its step is 0)."""
+    torch.manual_seed(0)
+    rows, inputs = 32, 128
+    q = torch.randint(0, 16, (rows, inputs), dtype=torch.uint8)
+    scale, zero = (torch.rand(rows, inputs // 32) * 0.1).bfloat16(), (torch.randn(rows, inputs // 32) * 0.1).bfloat16()
+    codes, block_scale, block_zero = native.int4_layout(q, scale, zero)
+    signs, alpha = packed(torch.randint(0, 2, (rows, inputs)).float() * 2 - 1), torch.rand(rows) * 0.01
+    x = torch.randn(3, inputs)
+    x[1, 40] = bad
+    x[2] = 0.0
+    y = torch.empty(3, rows)
+    assert native.library().zenedge_int4_gemm(x.data_ptr(), codes.data_ptr(), block_scale.data_ptr(),
+                                              block_zero.data_ptr(), y.data_ptr(), 3, rows, inputs) == 0
+    alone = torch.empty(1, rows)
+    assert native.library().zenedge_int4_gemm(x[:1].contiguous().data_ptr(), codes.data_ptr(), block_scale.data_ptr(),
+                                              block_zero.data_ptr(), alone.data_ptr(), 1, rows, inputs) == 0
+    assert torch.equal(y[0], alone[0]) and y[1].isnan().all() and torch.equal(y[2], torch.zeros(rows))
+    base = torch.zeros(3, rows)
+    after = native.sign_add_fn(signs, alpha, inputs)(base.clone(), x)
+    assert torch.isfinite(after[0]).all() and after[1].isnan().all() and torch.equal(after[2], base[2])
+
+
 def test_sign_add_refuses_what_it_does_not_take():
     signs, alpha = packed(torch.ones(16, 64)), torch.ones(16)
     assert native.sign_add_fn(signs, alpha.double(), 64) is None                     # fp32 α only
