@@ -97,10 +97,16 @@ static int add_delta(const zenedge_delta *d, const float *x, float *y, int64_t m
         const zenedge_lora *l = &d->lora[i];
         status = zenedge_lora_add(x, l->a, l->bt, y + l->offset, m, inputs, l->width, l->rank, inputs, rows, l->scale);
     }
+    if (!d->signs || status)
+        return status;
+    x_rows rounded;                 /* x rounded once for all of the variant's sign slices */
+    if (zenedge_sign_rows(&rounded, x, m, inputs, inputs))
+        return -1;
     for (int64_t i = 0; i < d->signs && !status; i++) {
         const zenedge_signs *s = &d->sign[i];
-        status = zenedge_sign_add(x, s->signs, s->alpha, y + s->offset, m, inputs, s->width, inputs, rows);
+        status = zenedge_sign_add_rounded(&rounded, s->signs, s->alpha, y + s->offset, m, inputs, s->width, rows);
     }
+    x_rows_free(&rounded);
     return status;
 }
 

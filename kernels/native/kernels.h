@@ -3,6 +3,7 @@
 #ifndef ZENEDGE_KERNELS_H
 #define ZENEDGE_KERNELS_H
 #include <stdint.h>
+#include "x_rows.h"
 
 int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,
                       float *y, int64_t M, int64_t N, int64_t K);
@@ -16,5 +17,8 @@ int zenedge_lora_add(const float *x, const float *a, const float *bt, float *y, 
                      int64_t N, int64_t r, int64_t ldx, int64_t ldy, float scale);
 int zenedge_sign_add(const float *x, const uint8_t *signs, const float *alpha, float *y, int64_t M, int64_t K,
                      int64_t N, int64_t ldx, int64_t ldy);
+int zenedge_sign_rows(x_rows *rows, const float *x, int64_t M, int64_t K, int64_t ldx);
+int zenedge_sign_add_rounded(const x_rows *rows, const uint8_t *signs, const float *alpha, float *y, int64_t M,
+                             int64_t K, int64_t N, int64_t ldy);
 int zenedge_silu_mul(const float *gu, float *out, int64_t M, int64_t I);
 #endif

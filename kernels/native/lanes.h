@@ -34,18 +34,6 @@ INLINE void *scratch(size_t bytes) {
     return aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
 }
 
-/* fp32 → bf16, rounding to nearest even; denormals read as zero (as AVX-512 BF16's conversion and
-   dot product do), NaN stays NaN */
-INLINE uint16_t to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, 4);
-    if ((bits & 0x7F800000u) == 0)
-        return (uint16_t)((bits >> 16) & 0x8000u);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint16_t)((bits >> 16) | 0x40u);
-    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-
 INLINE float from_bf16(uint16_t word) {
     const uint32_t bits = (uint32_t)word << 16;
     float value;

@@ -113,14 +113,29 @@ static void rows_in_blocks(const uint8_t *signs, int64_t K, const x_rows *x, con
 }
 #endif
 
+/* x [M, K] (row stride ldx) rounded as this kernel multiplies it, for zenedge_sign_add_rounded: a
+   caller adding several sign slices to the same rows rounds them once (decode_step.c). 0; -1 when
+   out of memory (free with x_rows_free). */
+int zenedge_sign_rows(x_rows *rows, const float *x, int64_t M, int64_t K, int64_t ldx) {
+    return x_rows_make(rows, x, M, K, ldx, 8, NULL);
+}
+
+int zenedge_sign_add_rounded(const x_rows *rows, const uint8_t *signs, const float *alpha, float *y, int64_t M,
+                             int64_t K, int64_t N, int64_t ldy) {
+    if (K % 32 || K > MAX_INPUTS)
+        return -2;
+    rows_in_blocks(signs, K, rows, alpha, y, ldy, M, N);
+    return 0;
+}
+
 int zenedge_sign_add(const float *x, const uint8_t *signs, const float *alpha, float *y, int64_t M, int64_t K,
                      int64_t N, int64_t ldx, int64_t ldy) {
     if (K % 32 || K > MAX_INPUTS)
         return -2;
     x_rows rows;
-    if (x_rows_make(&rows, x, M, K, ldx, 8, NULL))
+    if (zenedge_sign_rows(&rows, x, M, K, ldx))
         return -1;
-    rows_in_blocks(signs, K, &rows, alpha, y, ldy, M, N);
+    const int status = zenedge_sign_add_rounded(&rows, signs, alpha, y, M, K, N, ldy);
     x_rows_free(&rows);
-    return 0;
+    return status;
 }

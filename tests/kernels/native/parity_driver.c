@@ -31,6 +31,12 @@ static float *floats(int64_t count, float spread) {
     return p;
 }
 
+static uint16_t to_bf16(float value) {   /* rounding to nearest even: the inputs here are finite */
+    uint32_t bits;
+    memcpy(&bits, &value, 4);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
 static void *bytes(int64_t count) {
     uint8_t *p = malloc((size_t)count);
     for (int64_t i = 0; i < count; i++)
