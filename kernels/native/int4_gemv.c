@@ -6,7 +6,7 @@
  * products are made in integers:
  *
  *   - each row of x is rounded to int16 per group of 32 inputs (x_rows.h: d = max|x| / 32767,
- *     about 2e-5 of the product's size, finer than bf16's 2e-3);
+ *     about 2e-5 of the product's size, finer than bf16's 2e-3: BENCHMARKS.md);
  *   - W is laid out in blocks of 16 rows, each row's codes for 8 inputs in one 32-bit word, so a
  *     shift and a mask give each row a pair of 16-bit codes per lane, and one multiply-add of
  *     16-bit pairs (AVX2's VPMADDWD) makes 16 products for 8 rows, summed exactly in 32 bits

@@ -5,7 +5,7 @@
  * of the int4 stream, read once per step for all the rows that use it. No dense W + α⊙S is made.
  *
  * x is rounded to int8 per group of 32 inputs (x_rows.h: the delta's product is scaled down by α,
- * so int8's 0.5 % of it is far below the int4 product's own rounding), and the sums are made in
+ * so int8's 0.5-1 % of it (BENCHMARKS.md) is far below the int4 product's own rounding), and the sums are made in
  * integers: per group, Σ s·x̂ = 2·Σ_{s = +1} x̂ − Σ x̂; then A = Σ_g d_g·(Σ s·x̂)_g
  * in fp32, one fused multiply-add per group in the groups' order, and y[m, n] = α[n]·A + y[m, n].
  *   - AVX2 (and the AVX-512 build): a row's 32 bits of a group become 32 bytes 0 or 1 (a byte
