@@ -8,10 +8,12 @@
  * so int8's 0.5-1 % of it (BENCHMARKS.md) is far below the int4 product's own rounding), and the sums are made in
  * integers: per group, Σ s·x̂ = 2·Σ_{s = +1} x̂ − Σ x̂; then A = Σ_g d_g·(Σ s·x̂)_g
  * in fp32, one fused multiply-add per group in the groups' order, and y[m, n] = α[n]·A + y[m, n].
- *   - AVX2 (and the AVX-512 build): a row's 32 bits of a group become 32 bytes 0 or 1 (a byte
- *     shuffle, a mask, a minimum), multiplied with x̂ by VPMADDUBSW, 32 products per instruction;
- *     8 rows of S are reduced together by horizontal adds, so their 8 group sums land in one
- *     vector; the bytes of a row of S serve up to TILE rows of x;
+ *   - AVX2 (and the AVX-512 build): lookup tables instead of multiplies. For each row of x,
+ *     group and quad of 4 inputs, the 16 possible sums Σ ±x̂ are tabled once (zenedge_sign_rows,
+ *     shared by every sign slice of a step); a row of S then needs one table lookup per 4 inputs:
+ *     its sign bits, 4 at a time, are the index. 32 rows of S are read 16 bytes (4 groups) at a
+ *     time and transposed in registers, so that each byte of a 256-bit vector is one row's nibble
+ *     and VPSHUFB looks up 32 rows at once. No repack: the packed bytes are read as stored;
  *   - the portable loop (NEON and scalar builds) makes the same integer sums.
  * The integer sums are exact and the fp32 steps are the same on every build, so every instruction
  * set gives the same bits; every (S row, x row) sum takes the same steps whatever the other rows
@@ -25,10 +27,9 @@
 #include "x_rows.h"
 
 #define MAX_INPUTS 32768
-#define TILE 4             /* rows of x per pass over 8 rows of S */
 
 /* Rows n0..n1-1 of S against every row of x, one (S row, x row) sum at a time: the reference
-   steps, and the rows AVX2's blocks of 8 leave over */
+   steps, and the rows AVX2's blocks of 32 leave over */
 static void rows_one_by_one(const uint8_t *signs, int64_t K, const x_rows *x, const float *alpha, float *y,
                             int64_t ldy, int64_t M, int64_t n0, int64_t n1) {
     const int64_t groups = K / 32, row_bytes = K / 8;
@@ -48,63 +49,121 @@ static void rows_one_by_one(const uint8_t *signs, int64_t K, const x_rows *x, co
 }
 
 #if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
-/* 32 bytes: 1 where the group's bit is set, 0 elsewhere */
-INLINE __m256i ones_of(const uint8_t *bytes) {
-    int32_t bits;
-    memcpy(&bits, bytes, 4);
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(bits),       /* byte k: bits byte k / 8 */
-                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i select = _mm256_set1_epi64x(0x8040201008040201LL);             /* byte k: 1 << k % 8 */
-    return _mm256_min_epu8(_mm256_and_si256(spread, select), _mm256_set1_epi8(1));
+/* Lookup tables (VPSHUFB), built once per row of x: for each group and each quad of 4 inputs
+   4q..4q+3, the 16 sums Σ ±x̂ (bit i of the index set: + for input 4q+i), one for each pattern of
+   the quad's 4 sign bits. A sum lies in ±4·127, so it is stored biased, U = sum + 512 in [4, 1020],
+   in two 5-bit halves: U & 31 in one 16-byte table, U >> 5 in another, each repeated in both
+   128-bit lanes (VPSHUFB looks up within a lane). A group's 8 lookups add up in bytes (each half
+   at most 8·31) and the halves join in 16 bits: Σ U = Σ low + 32·Σ high, minus 8·512. */
+#define QUAD_TABLE 64                  /* bytes per quad: low table in both lanes, high table in both */
+#define GROUP_TABLES (8 * QUAD_TABLE)  /* bytes per group of 32 inputs */
+#define BIAS 512
+
+static void build_tables(x_rows *r, int64_t M, int64_t K) {
+    const __m256i bit0 = _mm256_setr_epi16(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1),
+                  bit1 = _mm256_setr_epi16(-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1),
+                  bit2 = _mm256_setr_epi16(-1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1),
+                  bit3 = _mm256_setr_epi16(-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1);
+    const int8_t *codes = (const int8_t *)r->codes;
+    for (int64_t quad = 0; quad < M * K / 4; quad++) {
+        const int8_t *c = codes + quad * 4;
+        const __m256i sums = _mm256_add_epi16(
+            _mm256_add_epi16(_mm256_sign_epi16(_mm256_set1_epi16(c[0]), bit0), _mm256_sign_epi16(_mm256_set1_epi16(c[1]), bit1)),
+            _mm256_add_epi16(_mm256_sign_epi16(_mm256_set1_epi16(c[2]), bit2), _mm256_sign_epi16(_mm256_set1_epi16(c[3]), bit3)));
+        const __m256i u = _mm256_add_epi16(sums, _mm256_set1_epi16(BIAS));
+        const __m256i halves = _mm256_permute4x64_epi64(   /* [16 low halves | 16 high halves] */
+            _mm256_packus_epi16(_mm256_and_si256(u, _mm256_set1_epi16(31)), _mm256_srli_epi16(u, 5)), 0xD8);
+        _mm256_store_si256((__m256i *)(r->tables + quad * QUAD_TABLE), _mm256_permute2x128_si256(halves, halves, 0x00));
+        _mm256_store_si256((__m256i *)(r->tables + quad * QUAD_TABLE + 32), _mm256_permute2x128_si256(halves, halves, 0x11));
+    }
 }
 
-/* 8 rows of S from row n against MC rows of x from row m0: acc[i] lane r = A of (S row n + r, x row m0 + i) */
-INLINE void tile(const uint8_t *signs, int64_t K, const x_rows *x, int64_t n, int64_t m0, __m256 *acc,
-                 const int MC) {
-    const int64_t groups = K / 32, row_bytes = K / 8;
-    for (int64_t g = 0; g < groups; g++) {
-        __m256i ones[8];
-        for (int r = 0; r < 8; r++)
-            ones[r] = ones_of(signs + (n + r) * row_bytes + g * 4);
-        for (int i = 0; i < MC; i++) {
-            const int64_t at = (m0 + i) * groups + g;
-            const __m256i codes = _mm256_loadu_si256((const __m256i *)((const int8_t *)x->codes + (m0 + i) * K + g * 32));
-            __m256i p[8];
-            for (int r = 0; r < 8; r++)
-                p[r] = _mm256_maddubs_epi16(ones[r], codes);   /* pairs of inputs, per row of S */
-            /* per 128-bit half: [row 0 .. row 7] partial sums, then the two halves added */
-            const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])),
-                                                _mm256_hadd_epi16(_mm256_hadd_epi16(p[4], p[5]), _mm256_hadd_epi16(p[6], p[7])));
-            const __m128i plus = _mm_add_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-            const __m256i sums = _mm256_sub_epi32(_mm256_slli_epi32(_mm256_cvtepi16_epi32(plus), 1),
-                                                  _mm256_set1_epi32(x->sum[at]));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(x->step[at]), acc[i]);
-        }
+/* 16 bytes (4 groups) of 32 rows of S, from `at` with row stride `stride`, as 32 index vectors: idx[8i + q]
+   holds quad q of group i, the low 128-bit lane for rows 0..15 and the high one for rows 16..31. A 16×16 byte
+   transpose per lane (unpacks of 8, 16, 32 and 64 bits), then each byte's two nibbles. */
+INLINE void sign_indices(const uint8_t *at, int64_t stride, __m256i idx[32]) {
+    __m256i a[16], b[16];
+    for (int r = 0; r < 16; r++)
+        a[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(at + r * stride))),
+                                       _mm_loadu_si128((const __m128i *)(at + (r + 16) * stride)), 1);
+    for (int i = 0; i < 8; i++) {          /* b[2i], b[2i+1]: bytes 0-7, 8-15 of rows 2i, 2i+1 interleaved */
+        b[2 * i] = _mm256_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
+        b[2 * i + 1] = _mm256_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
     }
+    for (int i = 0; i < 4; i++)            /* a[4i + c]: bytes 4c..4c+3 of rows 4i..4i+3 */
+        for (int h = 0; h < 2; h++) {
+            a[4 * i + 2 * h] = _mm256_unpacklo_epi16(b[4 * i + h], b[4 * i + 2 + h]);
+            a[4 * i + 2 * h + 1] = _mm256_unpackhi_epi16(b[4 * i + h], b[4 * i + 2 + h]);
+        }
+    for (int h = 0; h < 2; h++)            /* b[8h + e]: bytes 2e, 2e+1 of rows 8h..8h+7 */
+        for (int c = 0; c < 4; c++) {
+            b[8 * h + 2 * c] = _mm256_unpacklo_epi32(a[8 * h + c], a[8 * h + 4 + c]);
+            b[8 * h + 2 * c + 1] = _mm256_unpackhi_epi32(a[8 * h + c], a[8 * h + 4 + c]);
+        }
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    for (int e = 0; e < 8; e++) {          /* byte k of rows 0..15; its low nibble is quad 2(k % 4) of group k / 4 */
+        const __m256i even = _mm256_unpacklo_epi64(b[e], b[8 + e]), odd = _mm256_unpackhi_epi64(b[e], b[8 + e]);
+        idx[4 * e] = _mm256_and_si256(even, nibble);
+        idx[4 * e + 1] = _mm256_and_si256(_mm256_srli_epi16(even, 4), nibble);
+        idx[4 * e + 2] = _mm256_and_si256(odd, nibble);
+        idx[4 * e + 3] = _mm256_and_si256(_mm256_srli_epi16(odd, 4), nibble);
+    }
+}
+
+/* acc[0..3] (S rows 0-7, 8-15, 16-23, 24-31) += d · Σ s·x̂ over one group, from its 8 index vectors and tables */
+INLINE void add_group(const __m256i *idx, const uint8_t *tables, float d, __m256 acc[4]) {
+    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+    for (int q = 0; q < 8; q++) {
+        low = _mm256_add_epi8(low, _mm256_shuffle_epi8(_mm256_load_si256((const __m256i *)(tables + q * QUAD_TABLE)), idx[q]));
+        high = _mm256_add_epi8(high, _mm256_shuffle_epi8(_mm256_load_si256((const __m256i *)(tables + q * QUAD_TABLE + 32)), idx[q]));
+    }
+    const __m256i join = _mm256_set1_epi16(32 << 8 | 1), bias = _mm256_set1_epi16(8 * BIAS);
+    /* 16-bit Σ s·x̂: lanes rows 0-7 | 16-23, and rows 8-15 | 24-31 */
+    const __m256i first = _mm256_sub_epi16(_mm256_maddubs_epi16(_mm256_unpacklo_epi8(low, high), join), bias);
+    const __m256i second = _mm256_sub_epi16(_mm256_maddubs_epi16(_mm256_unpackhi_epi8(low, high), join), bias);
+    const __m256 step = _mm256_set1_ps(d);
+    const __m128i parts[4] = {_mm256_castsi256_si128(first), _mm256_castsi256_si128(second),
+                              _mm256_extracti128_si256(first, 1), _mm256_extracti128_si256(second, 1)};
+    for (int i = 0; i < 4; i++)
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(parts[i])), step, acc[i]);
 }
 
 static void rows_in_blocks(const uint8_t *signs, int64_t K, const x_rows *x, const float *alpha, float *y,
                            int64_t ldy, int64_t M, int64_t N) {
-    for (int64_t n = 0; n + 8 <= N; n += 8)
-        for (int64_t m0 = 0; m0 < M; m0 += TILE) {
-            __m256 acc[TILE];
-            for (int i = 0; i < TILE; i++)
-                acc[i] = _mm256_setzero_ps();
-            const int MC = M - m0 >= TILE ? TILE : (int)(M - m0);
-            switch (MC) {   /* MC constant in each call: unrolled, in registers */
-            case 4: tile(signs, K, x, n, m0, acc, 4); break;
-            case 3: tile(signs, K, x, n, m0, acc, 3); break;
-            case 2: tile(signs, K, x, n, m0, acc, 2); break;
-            default: tile(signs, K, x, n, m0, acc, 1); break;
+    const int64_t groups = K / 32, row_bytes = K / 8;
+    __m256 *acc = scratch((size_t)M * 4 * sizeof(__m256));
+    if (!acc) {                            /* no memory for the accumulators: the reference steps */
+        rows_one_by_one(signs, K, x, alpha, y, ldy, M, 0, N);
+        return;
+    }
+    _Alignas(32) uint8_t tail[32 * 16];
+    for (int64_t n = 0; n + 32 <= N; n += 32) {
+        for (int64_t i = 0; i < M * 4; i++)
+            acc[i] = _mm256_setzero_ps();
+        for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+            const int64_t live = groups - g0 < 4 ? groups - g0 : 4;
+            __m256i idx[32];
+            if (live == 4)
+                sign_indices(signs + n * row_bytes + g0 * 4, row_bytes, idx);
+            else {                         /* the last groups, fewer than 4: through a copy padded with zeros */
+                memset(tail, 0, sizeof tail);
+                for (int r = 0; r < 32; r++)
+                    memcpy(tail + r * 16, signs + (n + r) * row_bytes + g0 * 4, (size_t)live * 4);
+                sign_indices(tail, 16, idx);
             }
-            const __m256 a = _mm256_loadu_ps(alpha + n);
-            for (int i = 0; i < MC; i++) {
-                float *out = y + (m0 + i) * ldy + n;
-                _mm256_storeu_ps(out, _mm256_fmadd_ps(a, acc[i], _mm256_loadu_ps(out)));
-            }
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t i = 0; i < live; i++)
+                    add_group(idx + 8 * i, x->tables + (m * groups + g0 + i) * GROUP_TABLES,
+                              x->step[m * groups + g0 + i], acc + 4 * m);
         }
-    rows_one_by_one(signs, K, x, alpha, y, ldy, M, N / 8 * 8, N);
+        for (int64_t m = 0; m < M; m++)
+            for (int i = 0; i < 4; i++) {
+                float *out = y + m * ldy + n + 8 * i;
+                _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_loadu_ps(alpha + n + 8 * i), acc[4 * m + i], _mm256_loadu_ps(out)));
+            }
+    }
+    free(acc);
+    rows_one_by_one(signs, K, x, alpha, y, ldy, M, N / 32 * 32, N);
 }
 #else
 static void rows_in_blocks(const uint8_t *signs, int64_t K, const x_rows *x, const float *alpha, float *y,
@@ -117,7 +176,17 @@ static void rows_in_blocks(const uint8_t *signs, int64_t K, const x_rows *x, con
    caller adding several sign slices to the same rows rounds them once (decode_step.c). 0; -1 when
    out of memory (free with x_rows_free). */
 int zenedge_sign_rows(x_rows *rows, const float *x, int64_t M, int64_t K, int64_t ldx) {
-    return x_rows_make(rows, x, M, K, ldx, 8, NULL);
+    if (x_rows_make(rows, x, M, K, ldx, 8, NULL))
+        return -1;
+#if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
+    rows->tables = scratch((size_t)(M * K / 32) * GROUP_TABLES);
+    if (!rows->tables) {
+        x_rows_free(rows);
+        return -1;
+    }
+    build_tables(rows, M, K);
+#endif
+    return 0;
 }
 
 int zenedge_sign_add_rounded(const x_rows *rows, const uint8_t *signs, const float *alpha, float *y, int64_t M,

@@ -126,7 +126,7 @@ def packed(signs: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("rows, inputs, outputs", [(1, 576, 37), (5, 96, 64), (9, 1536, 20)])
 def test_sign_add_is_alpha_times_the_signs_product_and_gives_each_row_its_own_sums(rows, inputs, outputs):
     """y += α ⊙ (S·x) with x rounded to int8 per group of 32 (native.rounded); blocks
-    of 8 rows of S, tiles of 4 rows of x, and their tails; a row alone gets bit for bit what it gets
+    of 32 rows of S, chunks of 4 groups, and their tails; a row alone gets bit for bit what it gets
     among other rows; y may be a strided slice."""
     torch.manual_seed(0)
     signs = torch.randint(0, 2, (outputs, inputs)).float() * 2 - 1
