@@ -78,31 +78,39 @@ static void build_tables(x_rows *r, int64_t M, int64_t K) {
     }
 }
 
-/* 16 bytes (4 groups) of 32 rows of S, from `at` with row stride `stride`, as 32 index vectors: idx[8i + q]
-   holds quad q of group i, the low 128-bit lane for rows 0..15 and the high one for rows 16..31. A 16×16 byte
-   transpose per lane (unpacks of 8, 16, 32 and 64 bits), then each byte's two nibbles. */
-INLINE void sign_indices(const uint8_t *at, int64_t stride, __m256i idx[32]) {
-    __m256i a[16], b[16];
-    for (int r = 0; r < 16; r++)
-        a[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(at + r * stride))),
-                                       _mm_loadu_si128((const __m128i *)(at + (r + 16) * stride)), 1);
-    for (int i = 0; i < 8; i++) {          /* b[2i], b[2i+1]: bytes 0-7, 8-15 of rows 2i, 2i+1 interleaved */
+/* Rows r0..r0+7 (and r0+16..r0+23 in the high lane) of a 16-byte chunk, transposed to out[e]: bytes 2e and
+   2e+1 of the 8 rows, 64 bits each (unpacks of 8, 16 and 32 bits). Eight rows at a time keep the
+   AVX2 registers from spilling. */
+INLINE void eight_rows(const uint8_t *at, int64_t stride, int r0, __m256i out[8]) {
+    __m256i a[8], b[8];
+    for (int r = 0; r < 8; r++)
+        a[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(at + (r0 + r) * stride))),
+                                       _mm_loadu_si128((const __m128i *)(at + (r0 + r + 16) * stride)), 1);
+    for (int i = 0; i < 4; i++) {          /* b[2i], b[2i+1]: bytes 0-7, 8-15 of rows 2i, 2i+1 interleaved */
         b[2 * i] = _mm256_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
         b[2 * i + 1] = _mm256_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
     }
-    for (int i = 0; i < 4; i++)            /* a[4i + c]: bytes 4c..4c+3 of rows 4i..4i+3 */
+    for (int i = 0; i < 2; i++)            /* a[4i + c]: bytes 4c..4c+3 of rows 4i..4i+3 */
         for (int h = 0; h < 2; h++) {
             a[4 * i + 2 * h] = _mm256_unpacklo_epi16(b[4 * i + h], b[4 * i + 2 + h]);
             a[4 * i + 2 * h + 1] = _mm256_unpackhi_epi16(b[4 * i + h], b[4 * i + 2 + h]);
         }
-    for (int h = 0; h < 2; h++)            /* b[8h + e]: bytes 2e, 2e+1 of rows 8h..8h+7 */
-        for (int c = 0; c < 4; c++) {
-            b[8 * h + 2 * c] = _mm256_unpacklo_epi32(a[8 * h + c], a[8 * h + 4 + c]);
-            b[8 * h + 2 * c + 1] = _mm256_unpackhi_epi32(a[8 * h + c], a[8 * h + 4 + c]);
-        }
+    for (int c = 0; c < 4; c++) {          /* bytes 2e, 2e+1 of the 8 rows, e = 2c, 2c+1 */
+        _mm256_store_si256(&out[2 * c], _mm256_unpacklo_epi32(a[c], a[4 + c]));
+        _mm256_store_si256(&out[2 * c + 1], _mm256_unpackhi_epi32(a[c], a[4 + c]));
+    }
+}
+
+/* 16 bytes (4 groups) of 32 rows of S, from `at` with row stride `stride`, as 32 index vectors: idx[8i + q]
+   holds quad q of group i, the low 128-bit lane for rows 0..15 and the high one for rows 16..31: a 16×16
+   byte transpose per lane, then each byte's two nibbles. */
+INLINE void sign_indices(const uint8_t *at, int64_t stride, __m256i idx[32]) {
+    _Alignas(32) __m256i low[8], high[8];
+    eight_rows(at, stride, 0, low);
+    eight_rows(at, stride, 8, high);
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     for (int e = 0; e < 8; e++) {          /* byte k of rows 0..15; its low nibble is quad 2(k % 4) of group k / 4 */
-        const __m256i even = _mm256_unpacklo_epi64(b[e], b[8 + e]), odd = _mm256_unpackhi_epi64(b[e], b[8 + e]);
+        const __m256i even = _mm256_unpacklo_epi64(low[e], high[e]), odd = _mm256_unpackhi_epi64(low[e], high[e]);
         idx[4 * e] = _mm256_and_si256(even, nibble);
         idx[4 * e + 1] = _mm256_and_si256(_mm256_srli_epi16(even, 4), nibble);
         idx[4 * e + 2] = _mm256_and_si256(odd, nibble);
@@ -138,6 +146,11 @@ static void rows_in_blocks(const uint8_t *signs, int64_t K, const x_rows *x, con
     }
     _Alignas(32) uint8_t tail[32 * 16];
     for (int64_t n = 0; n + 32 <= N; n += 32) {
+        /* the next block's 32 rows are one run of bytes: fetched ahead, as the transposed reads jump
+           between rows and the hardware's prefetchers do not follow them */
+        const uint8_t *next = signs + (n + 32) * row_bytes;
+        for (int64_t b = 0; n + 64 <= N && b < 32 * row_bytes; b += 64)
+            PREFETCH_L2(next + b);
         for (int64_t i = 0; i < M * 4; i++)
             acc[i] = _mm256_setzero_ps();
         for (int64_t g0 = 0; g0 < groups; g0 += 4) {
