@@ -357,7 +357,9 @@ def lora_add_fn(a: torch.Tensor, b_t: torch.Tensor, scale: float):
 def sign_add_fn(packed: torch.Tensor, alpha: torch.Tensor, in_features: int):
     """`(y [M, N], x [M, K]) → y += α ⊙ (S·x)` in place through the C kernel, for a packed 1-bit
     delta (packed uint8 [N, K/8], LSB first; α fp32 [N]); None where it does not apply (no library,
-    not on the CPU, K not whole groups of 32). Decided by the delta alone, never by the rows."""
+    not on the CPU, K not whole groups of 32). Decided by the delta alone, never by the rows. The
+    kernel reads the signs by input byte, [K/8, N]: free where `packed` is that tensor transposed,
+    as the runtime keeps it (runtime/variants.py), a copy otherwise."""
     if packed.dtype != torch.uint8 or alpha.dtype != torch.float32 or packed.device.type != "cpu" \
             or alpha.device.type != "cpu" or packed.dim() != 2 or in_features % SIGN_GROUP \
             or not 0 < in_features <= MAX_INPUTS or packed.shape != (alpha.shape[0], in_features // 8):
@@ -366,8 +368,8 @@ def sign_add_fn(packed: torch.Tensor, alpha: torch.Tensor, in_features: int):
     if lib is None:
         return None
     kernel, outputs = lib.zenedge_sign_add, packed.shape[0]
-    packed, alpha = packed.contiguous(), alpha.contiguous()
-    held = (packed, alpha, packed.data_ptr(), alpha.data_ptr())   # the tensors live as long as this function
+    by_input, alpha = packed.t().contiguous(), alpha.contiguous()   # no copy where the runtime keeps them so
+    held = (by_input, alpha, by_input.data_ptr(), alpha.data_ptr())   # the tensors live as long as this function
 
     def sign_add(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = _rows_fitting(y, x, in_features, outputs, "sign_add", f"signs [{outputs}, {in_features}]")
@@ -571,14 +573,15 @@ def _lora_ok(lib) -> bool:
 
 def _sign_ok(lib) -> bool:
     g = torch.Generator().manual_seed(0)
-    rows, inputs = 37, 96                           # 8-row blocks and a tail; 3 groups of 32
+    rows, inputs = 37, 96                           # a block of 32 rows and a tail; 3 groups of 32
     packed = torch.randint(0, 256, (rows, inputs // 8), generator=g, dtype=torch.uint8)
     alpha = torch.rand(rows, generator=g) * 0.01
-    x, y = torch.randn(5, inputs, generator=g), torch.randn(5, rows, generator=g)   # a tile of 4 and one of 1
+    x, y = torch.randn(5, inputs, generator=g), torch.randn(5, rows, generator=g)
     bits = (packed[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1
     signs = (bits.view(rows, inputs).float() * 2 - 1)
     want = y + (rounded(x, 8) @ signs.t()) * alpha
-    if lib.zenedge_sign_add(x.data_ptr(), packed.data_ptr(), alpha.data_ptr(), y.data_ptr(), 5, inputs, rows,
+    by_input = packed.t().contiguous()              # the kernel's [K/8, N]
+    if lib.zenedge_sign_add(x.data_ptr(), by_input.data_ptr(), alpha.data_ptr(), y.data_ptr(), 5, inputs, rows,
                             inputs, rows):
         return False
     return bool(torch.allclose(y, want, rtol=1e-4, atol=1e-5))

@@ -36,7 +36,7 @@ typedef struct {                 /* y[:, offset:offset + width] += scale·(x·A�
 } zenedge_lora;
 
 typedef struct {                 /* y[:, offset:offset + width] += α ⊙ (S·x) (sign_add.c) */
-    const uint8_t *signs;        /* [width, inputs/8], packed LSB first */
+    const uint8_t *signs;        /* [inputs/8, width], by input byte, LSB first (sign_add.c) */
     const float *alpha;          /* [width] */
     int64_t offset, width;
 } zenedge_signs;

@@ -11,16 +11,16 @@
  *   - AVX2 (and the AVX-512 build): lookup tables instead of multiplies. For each row of x,
  *     group and quad of 4 inputs, the 16 possible sums Σ ±x̂ are tabled once (zenedge_sign_rows,
  *     shared by every sign slice of a step); a row of S then needs one table lookup per 4 inputs:
- *     its sign bits, 4 at a time, are the index. 32 rows of S are read 16 bytes (4 groups) at a
- *     time and transposed in registers, so that each byte of a 256-bit vector is one row's nibble
- *     and VPSHUFB looks up 32 rows at once. No repack: the packed bytes are read as stored;
+ *     its sign bits, 4 at a time, are the index. The signs are stored by input byte (below), so
+ *     32 bytes hold one byte of 32 rows, and VPSHUFB looks up 32 rows per instruction;
  *   - the portable loop (NEON and scalar builds) makes the same integer sums.
  * The integer sums are exact and the fp32 steps are the same on every build, so every instruction
  * set gives the same bits; every (S row, x row) sum takes the same steps whatever the other rows
  * are, so a row's numbers do not depend on its batch mates.
  *
- * x fp32 [M, K] with row stride ldx; signs uint8 [N, K/8] (bit i of byte j: input 8j + i, 1 for
- * +1: zenedge/bitdelta/packing.py); alpha fp32 [N]; y fp32 [M, N] with row stride ldy, updated in
+ * x fp32 [M, K] with row stride ldx; signs uint8 [K/8, N], by input byte: signs[j·N + n] holds
+ * inputs 8j..8j+7 of row n (bit i: input 8j + i, 1 for +1; the file's [N, K/8] transposed, which the
+ * runtime keeps in memory: zenedge/runtime/variants.py); alpha fp32 [N]; y fp32 [M, N] with row stride ldy, updated in
  * place. K a multiple of 32, at most MAX_INPUTS. Returns 0; -1 when it could not allocate its
  * scratch, -2 for a K it does not take (nothing written then).
  */
@@ -30,18 +30,17 @@
 
 /* Rows n0..n1-1 of S against every row of x, one (S row, x row) sum at a time: the reference
    steps, and the rows AVX2's blocks of 32 leave over */
-static void rows_one_by_one(const uint8_t *signs, int64_t K, const x_rows *x, const float *alpha, float *y,
-                            int64_t ldy, int64_t M, int64_t n0, int64_t n1) {
-    const int64_t groups = K / 32, row_bytes = K / 8;
+static void rows_one_by_one(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
+                            float *y, int64_t ldy, int64_t M, int64_t n0, int64_t n1) {
+    const int64_t groups = K / 32;
     for (int64_t n = n0; n < n1; n++)
         for (int64_t m = 0; m < M; m++) {
             float a = 0.0f;
             for (int64_t g = 0; g < groups; g++) {
-                const uint8_t *bits = signs + n * row_bytes + g * 4;
                 const int8_t *codes = (const int8_t *)x->codes + m * K + g * 32;
                 int32_t plus = 0;
                 for (int j = 0; j < 32; j++)
-                    plus += (bits[j / 8] >> (j % 8) & 1) * codes[j];
+                    plus += (signs[(g * 4 + j / 8) * N + n] >> (j % 8) & 1) * codes[j];
                 a = fmaf((float)(2 * plus - x->sum[m * groups + g]), x->step[m * groups + g], a);
             }
             y[m * ldy + n] = fmaf(alpha[n], a, y[m * ldy + n]);
@@ -58,6 +57,7 @@ static void rows_one_by_one(const uint8_t *signs, int64_t K, const x_rows *x, co
 #define QUAD_TABLE 64                  /* bytes per quad: low table in both lanes, high table in both */
 #define GROUP_TABLES (8 * QUAD_TABLE)  /* bytes per group of 32 inputs */
 #define BIAS 512
+#define BYTES_AHEAD 8192               /* the signs are streamed into L2 this far ahead */
 
 static void build_tables(x_rows *r, int64_t M, int64_t K) {
     const __m256i bit0 = _mm256_setr_epi16(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1),
@@ -75,46 +75,6 @@ static void build_tables(x_rows *r, int64_t M, int64_t K) {
             _mm256_packus_epi16(_mm256_and_si256(u, _mm256_set1_epi16(31)), _mm256_srli_epi16(u, 5)), 0xD8);
         _mm256_store_si256((__m256i *)(r->tables + quad * QUAD_TABLE), _mm256_permute2x128_si256(halves, halves, 0x00));
         _mm256_store_si256((__m256i *)(r->tables + quad * QUAD_TABLE + 32), _mm256_permute2x128_si256(halves, halves, 0x11));
-    }
-}
-
-/* Rows r0..r0+7 (and r0+16..r0+23 in the high lane) of a 16-byte chunk, transposed to out[e]: bytes 2e and
-   2e+1 of the 8 rows, 64 bits each (unpacks of 8, 16 and 32 bits). Eight rows at a time keep the
-   AVX2 registers from spilling. */
-INLINE void eight_rows(const uint8_t *at, int64_t stride, int r0, __m256i out[8]) {
-    __m256i a[8], b[8];
-    for (int r = 0; r < 8; r++)
-        a[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(at + (r0 + r) * stride))),
-                                       _mm_loadu_si128((const __m128i *)(at + (r0 + r + 16) * stride)), 1);
-    for (int i = 0; i < 4; i++) {          /* b[2i], b[2i+1]: bytes 0-7, 8-15 of rows 2i, 2i+1 interleaved */
-        b[2 * i] = _mm256_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
-        b[2 * i + 1] = _mm256_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; i++)            /* a[4i + c]: bytes 4c..4c+3 of rows 4i..4i+3 */
-        for (int h = 0; h < 2; h++) {
-            a[4 * i + 2 * h] = _mm256_unpacklo_epi16(b[4 * i + h], b[4 * i + 2 + h]);
-            a[4 * i + 2 * h + 1] = _mm256_unpackhi_epi16(b[4 * i + h], b[4 * i + 2 + h]);
-        }
-    for (int c = 0; c < 4; c++) {          /* bytes 2e, 2e+1 of the 8 rows, e = 2c, 2c+1 */
-        _mm256_store_si256(&out[2 * c], _mm256_unpacklo_epi32(a[c], a[4 + c]));
-        _mm256_store_si256(&out[2 * c + 1], _mm256_unpackhi_epi32(a[c], a[4 + c]));
-    }
-}
-
-/* 16 bytes (4 groups) of 32 rows of S, from `at` with row stride `stride`, as 32 index vectors: idx[8i + q]
-   holds quad q of group i, the low 128-bit lane for rows 0..15 and the high one for rows 16..31: a 16×16
-   byte transpose per lane, then each byte's two nibbles. */
-INLINE void sign_indices(const uint8_t *at, int64_t stride, __m256i idx[32]) {
-    _Alignas(32) __m256i low[8], high[8];
-    eight_rows(at, stride, 0, low);
-    eight_rows(at, stride, 8, high);
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    for (int e = 0; e < 8; e++) {          /* byte k of rows 0..15; its low nibble is quad 2(k % 4) of group k / 4 */
-        const __m256i even = _mm256_unpacklo_epi64(low[e], high[e]), odd = _mm256_unpackhi_epi64(low[e], high[e]);
-        idx[4 * e] = _mm256_and_si256(even, nibble);
-        idx[4 * e + 1] = _mm256_and_si256(_mm256_srli_epi16(even, 4), nibble);
-        idx[4 * e + 2] = _mm256_and_si256(odd, nibble);
-        idx[4 * e + 3] = _mm256_and_si256(_mm256_srli_epi16(odd, 4), nibble);
     }
 }
 
@@ -136,52 +96,50 @@ INLINE void add_group(const __m256i *idx, const uint8_t *tables, float d, __m256
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(parts[i])), step, acc[i]);
 }
 
-static void rows_in_blocks(const uint8_t *signs, int64_t K, const x_rows *x, const float *alpha, float *y,
-                           int64_t ldy, int64_t M, int64_t N) {
-    const int64_t groups = K / 32, row_bytes = K / 8;
-    __m256 *acc = scratch((size_t)M * 4 * sizeof(__m256));
+/* Group by group, and within a group block by block of 32 rows: a group's bytes are 4·N bytes in a
+   row, read in order and streamed into L2 ahead (the hardware's prefetchers alone left the loads
+   waiting on memory), and the group's tables stay in L1 while every block uses them. Each
+   (S row, x row) sum still adds its groups in their order. */
+static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
+                           float *y, int64_t ldy, int64_t M) {
+    const int64_t groups = K / 32, width = N / 32 * 32;
+    __m256 *acc = scratch((size_t)(M * width) * sizeof(float));     /* A [M, width], as vectors of 8 */
     if (!acc) {                            /* no memory for the accumulators: the reference steps */
-        rows_one_by_one(signs, K, x, alpha, y, ldy, M, 0, N);
+        rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, 0, N);
         return;
     }
-    _Alignas(32) uint8_t tail[32 * 16];
-    for (int64_t n = 0; n + 32 <= N; n += 32) {
-        /* the next block's 32 rows are one run of bytes: fetched ahead, as the transposed reads jump
-           between rows and the hardware's prefetchers do not follow them */
-        const uint8_t *next = signs + (n + 32) * row_bytes;
-        for (int64_t b = 0; n + 64 <= N && b < 32 * row_bytes; b += 64)
-            PREFETCH_L2(next + b);
-        for (int64_t i = 0; i < M * 4; i++)
-            acc[i] = _mm256_setzero_ps();
-        for (int64_t g0 = 0; g0 < groups; g0 += 4) {
-            const int64_t live = groups - g0 < 4 ? groups - g0 : 4;
-            __m256i idx[32];
-            if (live == 4)
-                sign_indices(signs + n * row_bytes + g0 * 4, row_bytes, idx);
-            else {                         /* the last groups, fewer than 4: through a copy padded with zeros */
-                memset(tail, 0, sizeof tail);
-                for (int r = 0; r < 32; r++)
-                    memcpy(tail + r * 16, signs + (n + r) * row_bytes + g0 * 4, (size_t)live * 4);
-                sign_indices(tail, 16, idx);
+    for (int64_t i = 0; i < M * width / 8; i++)
+        acc[i] = _mm256_setzero_ps();
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t n = 0; n < width; n += 32) {
+            __m256i idx[8];                /* quad q of the group for the 32 rows: one row per byte */
+            const int64_t soon = 4 * (g * N + n) + BYTES_AHEAD;    /* about where the reads will be */
+            if (soon < K / 8 * N) {
+                PREFETCH_L2(signs + soon);
+                PREFETCH_L2(signs + soon + 64);
+            }
+            for (int b = 0; b < 4; b++) {
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(signs + (g * 4 + b) * N + n));
+                idx[2 * b] = _mm256_and_si256(bytes, nibble);
+                idx[2 * b + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
             }
             for (int64_t m = 0; m < M; m++)
-                for (int64_t i = 0; i < live; i++)
-                    add_group(idx + 8 * i, x->tables + (m * groups + g0 + i) * GROUP_TABLES,
-                              x->step[m * groups + g0 + i], acc + 4 * m);
+                add_group(idx, x->tables + (m * groups + g) * GROUP_TABLES, x->step[m * groups + g],
+                          acc + (m * width + n) / 8);
         }
-        for (int64_t m = 0; m < M; m++)
-            for (int i = 0; i < 4; i++) {
-                float *out = y + m * ldy + n + 8 * i;
-                _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_loadu_ps(alpha + n + 8 * i), acc[4 * m + i], _mm256_loadu_ps(out)));
-            }
-    }
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < width; n += 8) {
+            float *out = y + m * ldy + n;
+            _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_loadu_ps(alpha + n), acc[(m * width + n) / 8], _mm256_loadu_ps(out)));
+        }
     free(acc);
-    rows_one_by_one(signs, K, x, alpha, y, ldy, M, N / 32 * 32, N);
+    rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, width, N);
 }
 #else
-static void rows_in_blocks(const uint8_t *signs, int64_t K, const x_rows *x, const float *alpha, float *y,
-                           int64_t ldy, int64_t M, int64_t N) {
-    rows_one_by_one(signs, K, x, alpha, y, ldy, M, 0, N);
+static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
+                           float *y, int64_t ldy, int64_t M) {
+    rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, 0, N);
 }
 #endif
 
@@ -206,7 +164,7 @@ int zenedge_sign_add_rounded(const x_rows *rows, const uint8_t *signs, const flo
                              int64_t K, int64_t N, int64_t ldy) {
     if (K % 32 || K > MAX_INPUTS)
         return -2;
-    rows_in_blocks(signs, K, rows, alpha, y, ldy, M, N);
+    rows_in_blocks(signs, K, N, rows, alpha, y, ldy, M);
     return 0;
 }
 

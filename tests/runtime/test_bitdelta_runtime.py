@@ -111,3 +111,24 @@ def test_compress_cli_stores_a_servable_variant(store, tmp_path, tiny_base_dir):
     assert [(e["name"], e["kind"]) for e in listed] == [("full", "bitdelta")]
     out = run_cli("run", "full", "hello", "--max-tokens", "3", "--json", check=True)
     assert json.loads(out.stdout)["completion_tokens"] >= 1
+
+
+def test_on_the_cpu_the_signs_are_kept_by_input_byte_and_the_sign_kernel_reads_them_in_place(delta_file):
+    """runtime.variants.load_bitdelta keeps each module's bytes as [in/8, out] (sign_add.c's order),
+    seen as the file's [out, in/8]: the same values, no second copy for the C kernel."""
+    from zenedge.kernels import native
+    from zenedge.runtime.variants import load_bitdelta as load_variant
+
+    path = delta_file()
+    variant = load_variant("d", path, torch.device("cpu"))
+    stored = load_bitdelta(path).modules
+    for name, module in variant.modules.items():
+        assert torch.equal(module.packed, stored[name][0]) and module.packed.t().is_contiguous()
+        assert module.packed.t().contiguous().data_ptr() == module.packed.data_ptr()   # no copy to hand it over
+    if native.library() is not None:
+        module = next(iter(variant.modules.values()))
+        kernel = native.sign_add_fn(module.packed, module.alpha, module.in_features)
+        x, y = torch.randn(2, module.in_features), torch.zeros(2, module.alpha.shape[0])
+        signs = decompress(module.packed.contiguous(), torch.ones_like(module.alpha), module.in_features)
+        want = (native.rounded(x, 8) @ signs.t()) * module.alpha
+        torch.testing.assert_close(kernel(y, x), want, rtol=1e-5, atol=1e-6)

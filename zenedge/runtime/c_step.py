@@ -150,9 +150,9 @@ def _describe(entry, linears, batch, keep: list, copies: list) -> str | None:
             lora.a, lora.bt, lora.rank, lora.scale = a.data_ptr(), b_t.data_ptr(), a.shape[0], factors.scale
             lora.offset, lora.width = offset, width
         for sign, (offset, width, module) in zip(slot.sign, delta.signs):
-            packed, alpha = module.packed.contiguous(), module.alpha.contiguous()
-            keep += [packed, alpha]
-            sign.signs, sign.alpha, sign.offset, sign.width = packed.data_ptr(), alpha.data_ptr(), offset, width
+            by_input, alpha = module.packed.t().contiguous(), module.alpha.contiguous()   # sign_add.c's [K/8, N]
+            keep += [by_input, alpha]
+            sign.signs, sign.alpha, sign.offset, sign.width = by_input.data_ptr(), alpha.data_ptr(), offset, width
     keep.append(deltas)
     entry.deltas, entry.delta = len(step.deltas), deltas
     copies.extend(step.hot)

@@ -19,7 +19,7 @@ from zenedge.merge.factors import LoraFactors
 
 @dataclass
 class BitDeltaModule:
-    packed: torch.Tensor  # uint8 [out, ceil(in/8)]
+    packed: torch.Tensor  # uint8 [out, ceil(in/8)]; on the CPU a transposed view of [in/8, out] bytes (load_bitdelta)
     alpha: torch.Tensor   # fp32 [out]
     in_features: int
     dense: object | None = None  # cached W_base + α⊙S for hot variants: a tensor or a CpuWeight (cpu_weights.py)
@@ -75,6 +75,10 @@ def load_bitdelta(key: str, weights: Path, device: torch.device) -> Variant:
     nbytes = 0
     for module, (packed, alpha, in_features) in data.modules.items():
         packed = packed.to(device).contiguous()
+        if device.type == "cpu":
+            # the same bytes by input byte ([in/8, out], seen as [out, in/8]): the C sign kernel
+            # (kernels/native/sign_add.c) reads one byte of 32 rows at a time, as it is stored
+            packed = packed.t().contiguous().t()
         alpha = alpha.to(device=device, dtype=torch.float32).contiguous()
         modules[module] = BitDeltaModule(packed, alpha, in_features)
         nbytes += packed.numel() + alpha.numel() * 4

@@ -62,7 +62,7 @@ def outputs(lib) -> dict[str, torch.Tensor]:
     y = torch.randn(3, 37, generator=g)
     assert lib.zenedge_lora_add(x.data_ptr(), a.data_ptr(), b_t.data_ptr(), y.data_ptr(), 3, 40, 37, 5, 40, 37, 0.5) == 0
     found["lora"] = y
-    packed = torch.randint(0, 256, (37, 20), generator=g, dtype=torch.uint8)   # 32 rows and 5 more; 5 groups: 4 and 1
+    packed = torch.randint(0, 256, (20, 37), generator=g, dtype=torch.uint8)   # [K/8, N]: 32 rows and 5 more
     alpha = torch.rand(37, generator=g) * 0.01
     for m in (1, 2, 5):
         x, y = torch.randn(m, 160, generator=g), torch.randn(m, 37, generator=g)
