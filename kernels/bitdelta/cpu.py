@@ -4,8 +4,9 @@ No dense S or W + α⊙S is ever built for a whole layer; two strategies, picked
 - M <= LUT_MAX_ROWS (decode): y = x·Wᵀ + α ⊙ (x·Sᵀ) with x·Sᵀ through byte lookup tables. For
   each byte position kb, T[kb, v, :] = Σ_j x[:, 8kb+j]·(±1 for bit j of v); then
   (x·Sᵀ)[n] = Σ_kb T[kb, packed[n, kb]]: one embedding_bag gather replaces 8 sign products.
-- larger M (prefill): chunks of output rows of W_hat = W + α⊙S are rebuilt in fp32 and go
-  through one matmul each, so the unpack is paid once per weight and amortised over M rows.
+- larger M (prefill): chunks of output rows of W_hat = W + α⊙S are rebuilt in fp32 (in C where
+  the native kernels build: kernels/native/sign_add.c's zenedge_sign_dense, the same numbers) and
+  go through one matmul each, so the unpack is paid once per weight and amortised over M rows.
 
 Hot variants can skip the unpacking: ``reconstruct_weight`` builds the dense W + α⊙S once for a
 plain F.linear.
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from zenedge.bitdelta.packing import packed_width
 
+from ..native import sign_dense_fn
 from .grouping import group_rows
 
 LUT_MAX_ROWS = 8                   # above this, rebuilding W_hat chunks and one matmul is cheaper
@@ -84,7 +86,11 @@ def weight_chunks(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tenso
     out_features, in_features = weight.shape
     signs_of_byte = _byte_signs(torch.float32).T.contiguous()            # [256, 8]
     step = _rows_per_chunk(packed.shape[1] * 8)
+    dense_rows = sign_dense_fn(weight, packed, alpha) if dtype == torch.float32 else None   # the same numbers, in C
     for start in range(0, out_features, step):
+        if dense_rows is not None:
+            yield start, dense_rows(start, min(start + step, out_features))
+            continue
         chunk = packed[start:start + step]
         # One table gather per byte (8 signs at once) beats shift/and/compare/select passes.
         signs = F.embedding(chunk.to(torch.int32), signs_of_byte).view(chunk.shape[0], -1)[:, :in_features]

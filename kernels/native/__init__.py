@@ -91,6 +91,7 @@ _SIGNATURES = {
     "zenedge_decode_attention": [_P] * 5 + [_I] * 8 + [_F],
     "zenedge_lora_add": [_P] * 4 + [_I] * 6 + [_F],
     "zenedge_sign_add": [_P] * 4 + [_I] * 5,
+    "zenedge_sign_dense": [_P] * 4 + [_I] * 5,
     "zenedge_silu_mul": [_P, _P, _I, _I],
     "zenedge_decode_step": [_P, _I, _P, _I, _P, _P, _P, _P, _P, _I],
 }
@@ -378,6 +379,29 @@ def sign_add_fn(packed: torch.Tensor, alpha: torch.Tensor, in_features: int):
             raise MemoryError("the sign kernel could not allocate its scratch")
         return y
     return sign_add
+
+
+def sign_dense_fn(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor):
+    """`(start, stop) → W[start:stop] + α ⊙ S[start:stop]`, fp32 [stop - start, in], through the C
+    kernel (sign_add.c's zenedge_sign_dense: the same numbers as torch's W + S·α, each weight rounded
+    once), for a prefill's dense rows; None where it does not apply (no library, not fp32 on the CPU).
+    The signs are read by input byte, as the runtime keeps them (a copy otherwise)."""
+    out_features, in_features = weight.shape
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.stride(1) != 1 \
+            or packed.dtype != torch.uint8 or packed.shape != (out_features, (in_features + 7) // 8) \
+            or alpha.shape != (out_features,) or packed.device.type != "cpu" or alpha.device.type != "cpu":
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    by_input, alpha = packed.t().contiguous(), alpha.float().contiguous()
+
+    def dense_rows(start: int, stop: int) -> torch.Tensor:
+        out = torch.empty(stop - start, in_features)
+        lib.zenedge_sign_dense(weight.data_ptr(), by_input.data_ptr(), alpha.data_ptr(), out.data_ptr(), start, stop,
+                               in_features, out_features, weight.stride(0))
+        return out
+    return dense_rows
 
 
 def _rows_fitting(y: torch.Tensor, x: torch.Tensor, inputs: int, outputs: int, kernel: str,

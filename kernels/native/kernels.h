@@ -20,5 +20,7 @@ int zenedge_sign_add(const float *x, const uint8_t *signs, const float *alpha, f
 int zenedge_sign_rows(x_rows *rows, const float *x, int64_t M, int64_t K, int64_t ldx);
 int zenedge_sign_add_rounded(const x_rows *rows, const uint8_t *signs, const float *alpha, float *y, int64_t M,
                              int64_t K, int64_t N, int64_t ldy);
+int zenedge_sign_dense(const float *w, const uint8_t *signs, const float *alpha, float *out, int64_t n0,
+                       int64_t n1, int64_t K, int64_t N, int64_t ldw);
 int zenedge_silu_mul(const float *gu, float *out, int64_t M, int64_t I);
 #endif

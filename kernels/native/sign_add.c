@@ -136,6 +136,82 @@ static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_r
     free(acc);
     rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, width, N);
 }
+#elif defined(ZENEDGE_NEON)
+/* The same tables and sums with 128-bit vectors: TBL looks up 16 rows of S at once, with no lanes to
+   repeat a table in. */
+#define QUAD_TABLE 32                  /* bytes per quad: the low table, then the high one */
+#define GROUP_TABLES (8 * QUAD_TABLE)
+#define BIAS 512
+
+static void build_tables(x_rows *r, int64_t M, int64_t K) {
+    static const int16_t sign_of[4][16] = {    /* sign_of[i][j]: + where bit i of j is set */
+        {-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1},
+        {-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1},
+        {-1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1},
+        {-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1}};
+    const int8_t *codes = (const int8_t *)r->codes;
+    for (int64_t quad = 0; quad < M * K / 4; quad++) {
+        const int8_t *c = codes + quad * 4;
+        int16x8_t first = vdupq_n_s16(BIAS), second = vdupq_n_s16(BIAS);   /* U of patterns 0-7, 8-15 */
+        for (int i = 0; i < 4; i++) {
+            first = vmlaq_n_s16(first, vld1q_s16(sign_of[i]), c[i]);
+            second = vmlaq_n_s16(second, vld1q_s16(sign_of[i] + 8), c[i]);
+        }
+        const uint16x8_t a = vreinterpretq_u16_s16(first), b = vreinterpretq_u16_s16(second), five = vdupq_n_u16(31);
+        vst1q_u8(r->tables + quad * QUAD_TABLE, vcombine_u8(vmovn_u16(vandq_u16(a, five)), vmovn_u16(vandq_u16(b, five))));
+        vst1q_u8(r->tables + quad * QUAD_TABLE + 16, vcombine_u8(vmovn_u16(vshrq_n_u16(a, 5)), vmovn_u16(vshrq_n_u16(b, 5))));
+    }
+}
+
+/* acc[0..3] (S rows 0-3, 4-7, 8-11, 12-15) += d · Σ s·x̂ over one group */
+INLINE void add_group(const uint8x16_t *idx, const uint8_t *tables, float d, float32x4_t acc[4]) {
+    uint8x16_t low = vdupq_n_u8(0), high = vdupq_n_u8(0);
+    for (int q = 0; q < 8; q++) {
+        low = vaddq_u8(low, vqtbl1q_u8(vld1q_u8(tables + q * QUAD_TABLE), idx[q]));
+        high = vaddq_u8(high, vqtbl1q_u8(vld1q_u8(tables + q * QUAD_TABLE + 16), idx[q]));
+    }
+    const uint8x8_t join = vdup_n_u8(32);
+    const int16x8_t bias = vdupq_n_s16(8 * BIAS);
+    const int16x8_t first = vsubq_s16(vreinterpretq_s16_u16(vmlal_u8(vmovl_u8(vget_low_u8(low)), vget_low_u8(high), join)), bias);
+    const int16x8_t second = vsubq_s16(vreinterpretq_s16_u16(vmlal_u8(vmovl_u8(vget_high_u8(low)), vget_high_u8(high), join)), bias);
+    const float32x4_t step = vdupq_n_f32(d);
+    acc[0] = vfmaq_f32(acc[0], vcvtq_f32_s32(vmovl_s16(vget_low_s16(first))), step);
+    acc[1] = vfmaq_f32(acc[1], vcvtq_f32_s32(vmovl_s16(vget_high_s16(first))), step);
+    acc[2] = vfmaq_f32(acc[2], vcvtq_f32_s32(vmovl_s16(vget_low_s16(second))), step);
+    acc[3] = vfmaq_f32(acc[3], vcvtq_f32_s32(vmovl_s16(vget_high_s16(second))), step);
+}
+
+static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
+                           float *y, int64_t ldy, int64_t M) {
+    const int64_t groups = K / 32, width = N / 16 * 16;
+    float32x4_t *acc = scratch((size_t)(M * width) * sizeof(float));
+    if (!acc) {
+        rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, 0, N);
+        return;
+    }
+    for (int64_t i = 0; i < M * width / 4; i++)
+        acc[i] = vdupq_n_f32(0.0f);
+    const uint8x16_t nibble = vdupq_n_u8(0x0F);
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t n = 0; n < width; n += 16) {
+            uint8x16_t idx[8];
+            for (int b = 0; b < 4; b++) {
+                const uint8x16_t bytes = vld1q_u8(signs + (g * 4 + b) * N + n);
+                idx[2 * b] = vandq_u8(bytes, nibble);
+                idx[2 * b + 1] = vshrq_n_u8(bytes, 4);
+            }
+            for (int64_t m = 0; m < M; m++)
+                add_group(idx, x->tables + (m * groups + g) * GROUP_TABLES, x->step[m * groups + g],
+                          acc + (m * width + n) / 4);
+        }
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < width; n += 4) {
+            float *out = y + m * ldy + n;
+            vst1q_f32(out, vfmaq_f32(vld1q_f32(out), vld1q_f32(alpha + n), acc[(m * width + n) / 4]));
+        }
+    free(acc);
+    rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, width, N);
+}
 #else
 static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
                            float *y, int64_t ldy, int64_t M) {
@@ -149,7 +225,7 @@ static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_r
 int zenedge_sign_rows(x_rows *rows, const float *x, int64_t M, int64_t K, int64_t ldx) {
     if (x_rows_make(rows, x, M, K, ldx, 8, NULL))
         return -1;
-#if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
+#if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512) || defined(ZENEDGE_NEON)
     rows->tables = scratch((size_t)(M * K / 32) * GROUP_TABLES);
     if (!rows->tables) {
         x_rows_free(rows);
@@ -178,4 +254,29 @@ int zenedge_sign_add(const float *x, const uint8_t *signs, const float *alpha, f
     const int status = zenedge_sign_add_rounded(&rows, signs, alpha, y, M, K, N, ldy);
     x_rows_free(&rows);
     return status;
+}
+
+/* out[n - n0, k] = w[n, k] + α[n]·S[n, k] for rows n0..n1-1 of a K-input weight (w fp32 [N, K] with
+ * row stride ldw, out fp32 [n1 - n0, K] contiguous; signs by input byte as above, [ceil(K/8), N]): the
+ * dense W + α⊙S a prefill multiplies with, each weight rounded once, as w + (±α) in fp32. Any K.
+ * Returns 0. */
+int zenedge_sign_dense(const float *w, const uint8_t *signs, const float *alpha, float *out, int64_t n0,
+                       int64_t n1, int64_t K, int64_t N, int64_t ldw) {
+    for (int64_t n = n0; n < n1; n++) {
+        const float *row = w + n * ldw, a = alpha[n];
+        float *dst = out + (n - n0) * K;
+        int64_t k = 0;
+#if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
+        const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        const __m256 plus = _mm256_set1_ps(a), minus = _mm256_set1_ps(-a);
+        for (; k + 8 <= K; k += 8) {
+            const __m256i set = _mm256_and_si256(_mm256_set1_epi32(signs[k / 8 * N + n]), bit);
+            const __m256 step = _mm256_blendv_ps(minus, plus, _mm256_castsi256_ps(_mm256_cmpeq_epi32(set, bit)));
+            _mm256_storeu_ps(dst + k, _mm256_add_ps(_mm256_loadu_ps(row + k), step));
+        }
+#endif
+        for (; k < K; k++)
+            dst[k] = row[k] + (signs[k / 8 * N + n] >> (k % 8) & 1 ? a : -a);
+    }
+    return 0;
 }

@@ -116,7 +116,7 @@ int main(void) {
         print("lora", y, 3 * 37);
     }
     {
-        uint8_t *signs = bytes(37 * 12);
+        uint8_t *signs = bytes(37 * 13);   /* [13, 37]: 96 inputs for the sign product, 100 for the dense rows */
         float *alpha = floats(37, 0.01f);
         for (int64_t M = 1; M <= 5; M += 2) {
             float *x = floats(M * 96, 1.0f), *y = floats(M * 37, 1.0f);
@@ -125,6 +125,9 @@ int main(void) {
             snprintf(name, sizeof name, "signs-%d", (int)M);
             print(name, y, M * 37);
         }
+        float *w = floats(37 * 100, 0.1f), *dense = floats(30 * 100, 1.0f);   /* 100 inputs: a partial byte */
+        zenedge_sign_dense(w, signs, alpha, dense, 7, 37, 100, 37, 100);
+        print("sign_dense", dense, 30 * 100);
     }
     {
         float *gu = floats(3 * 80, 6.0f), out[3 * 40];

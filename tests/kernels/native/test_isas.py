@@ -69,6 +69,11 @@ def outputs(lib) -> dict[str, torch.Tensor]:
         assert lib.zenedge_sign_add(x.data_ptr(), packed.data_ptr(), alpha.data_ptr(), y.data_ptr(), m, 160, 37, 160,
                                     37) == 0
         found[f"signs {m}"] = y
+    weight = torch.randn(37, 160, generator=g) * 0.1
+    dense = torch.empty(30, 160)
+    assert lib.zenedge_sign_dense(weight.data_ptr(), packed.data_ptr(), alpha.data_ptr(), dense.data_ptr(), 7, 37, 160,
+                                  37, 160) == 0
+    found["sign_dense"] = dense
     gu = torch.randn(3, 2 * 40, generator=g) * 6
     gu[0, :4] = torch.tensor([-100.0, -87.5, 0.0, -0.0])   # e^x's cut-off, and both zeros
     out = torch.empty(3, 40)

@@ -184,6 +184,23 @@ def test_sign_add_refuses_what_it_does_not_take():
         sign_add(torch.zeros(2, 16).bfloat16(), torch.randn(2, 64))
 
 
+@needs_native
+@pytest.mark.parametrize("rows, inputs", [(37, 96), (64, 100), (5, 7)])
+def test_sign_dense_rows_are_torchs_w_plus_alpha_signs_bit_for_bit(rows, inputs):
+    """The prefill's dense W + α⊙S (sign_add.c's zenedge_sign_dense) is torch's addcmul, bit for bit,
+    for any number of inputs, strided weight rows, any range of rows, with the signs kept either way."""
+    torch.manual_seed(0)
+    weight = torch.randn(rows, inputs + 3)[:, :inputs] * 0.05                       # strided rows
+    signs = torch.randint(0, 2, (rows, inputs)).float() * 2 - 1
+    alpha = torch.rand(rows) * 0.01
+    want = torch.addcmul(weight, signs, alpha[:, None])
+    row_major = packed(F.pad(signs, (0, -inputs % 8), value=-1.0))
+    for bits in (row_major, row_major.t().contiguous().t()):                        # the file's order, the runtime's
+        dense_rows = native.sign_dense_fn(weight, bits, alpha)
+        assert torch.equal(dense_rows(0, rows), want) and torch.equal(dense_rows(3, rows), want[3:])
+    assert native.sign_dense_fn(weight.double(), row_major, alpha) is None          # fp32 weights only
+
+
 def test_the_library_is_built_once_per_source():
     """Named by a hash of the sources and flags: a second process loads the same file."""
     if native.library() is None:
