@@ -27,6 +27,7 @@
 #include "x_rows.h"
 
 #define MAX_INPUTS 32768
+#define BYTES_AHEAD 8192   /* the signs are streamed into L2 this far ahead */
 
 /* Rows n0..n1-1 of S against every row of x, one (S row, x row) sum at a time: the reference
    steps, and the rows AVX2's blocks of 32 leave over */
@@ -47,17 +48,18 @@ static void rows_one_by_one(const uint8_t *signs, int64_t K, int64_t N, const x_
         }
 }
 
+/* Lookup tables, built once per row of x: for each group and each quad of 4 inputs 4q..4q+3, the
+   16 sums Σ ±x̂ (bit i of the index set: + for input 4q+i), one for each pattern of the quad's 4
+   sign bits. A sum lies in ±4·127, so it is stored biased, U = sum + 512 in [4, 1020], in two 5-bit
+   halves: U & 31 in one 16-byte table, U >> 5 in another (on AVX2 each repeated in both 128-bit
+   lanes: VPSHUFB looks up within a lane; NEON's TBL has no lanes). A group's 8 lookups add up in
+   bytes (each half at most 8·31) and the halves join in 16 bits: Σ U = Σ low + 32·Σ high, minus
+   8·512. */
+#define BIAS 512
+
 #if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
-/* Lookup tables (VPSHUFB), built once per row of x: for each group and each quad of 4 inputs
-   4q..4q+3, the 16 sums Σ ±x̂ (bit i of the index set: + for input 4q+i), one for each pattern of
-   the quad's 4 sign bits. A sum lies in ±4·127, so it is stored biased, U = sum + 512 in [4, 1020],
-   in two 5-bit halves: U & 31 in one 16-byte table, U >> 5 in another, each repeated in both
-   128-bit lanes (VPSHUFB looks up within a lane). A group's 8 lookups add up in bytes (each half
-   at most 8·31) and the halves join in 16 bits: Σ U = Σ low + 32·Σ high, minus 8·512. */
 #define QUAD_TABLE 64                  /* bytes per quad: low table in both lanes, high table in both */
 #define GROUP_TABLES (8 * QUAD_TABLE)  /* bytes per group of 32 inputs */
-#define BIAS 512
-#define BYTES_AHEAD 8192               /* the signs are streamed into L2 this far ahead */
 
 static void build_tables(x_rows *r, int64_t M, int64_t K) {
     const __m256i bit0 = _mm256_setr_epi16(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1),
@@ -96,52 +98,29 @@ INLINE void add_group(const __m256i *idx, const uint8_t *tables, float d, __m256
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(parts[i])), step, acc[i]);
 }
 
-/* Group by group, and within a group block by block of 32 rows: a group's bytes are 4·N bytes in a
-   row, read in order and streamed into L2 ahead (the hardware's prefetchers alone left the loads
-   waiting on memory), and the group's tables stay in L1 while every block uses them. Each
-   (S row, x row) sum still adds its groups in their order. */
-static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
-                           float *y, int64_t ldy, int64_t M) {
-    const int64_t groups = K / 32, width = N / 32 * 32;
-    __m256 *acc = scratch((size_t)(M * width) * sizeof(float));     /* A [M, width], as vectors of 8 */
-    if (!acc) {                            /* no memory for the accumulators: the reference steps */
-        rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, 0, N);
-        return;
+#define BLOCK 32                       /* rows of S per vector of indices */
+typedef __m256i indices;
+typedef __m256 sums;                   /* BLOCK / 4 rows' fp32 sums */
+
+INLINE sums sums_zero(void) { return _mm256_setzero_ps(); }
+
+/* idx[q]: quad q of group g for rows n..n+31, one row per byte */
+INLINE void group_indices(const uint8_t *signs, int64_t N, int64_t g, int64_t n, indices idx[8]) {
+    for (int b = 0; b < 4; b++) {
+        const __m256i bytes = _mm256_loadu_si256((const __m256i *)(signs + (g * 4 + b) * N + n));
+        idx[2 * b] = _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F));
+        idx[2 * b + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0F));
     }
-    for (int64_t i = 0; i < M * width / 8; i++)
-        acc[i] = _mm256_setzero_ps();
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    for (int64_t g = 0; g < groups; g++)
-        for (int64_t n = 0; n < width; n += 32) {
-            __m256i idx[8];                /* quad q of the group for the 32 rows: one row per byte */
-            const int64_t soon = 4 * (g * N + n) + BYTES_AHEAD;    /* about where the reads will be */
-            if (soon < K / 8 * N) {
-                PREFETCH_L2(signs + soon);
-                PREFETCH_L2(signs + soon + 64);
-            }
-            for (int b = 0; b < 4; b++) {
-                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(signs + (g * 4 + b) * N + n));
-                idx[2 * b] = _mm256_and_si256(bytes, nibble);
-                idx[2 * b + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-            }
-            for (int64_t m = 0; m < M; m++)
-                add_group(idx, x->tables + (m * groups + g) * GROUP_TABLES, x->step[m * groups + g],
-                          acc + (m * width + n) / 8);
-        }
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < width; n += 8) {
-            float *out = y + m * ldy + n;
-            _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_loadu_ps(alpha + n), acc[(m * width + n) / 8], _mm256_loadu_ps(out)));
-        }
-    free(acc);
-    rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, width, N);
+}
+
+/* y[0..7] = α[0..7]·A + y[0..7] */
+INLINE void add_to(float *y, const float *alpha, sums a) {
+    _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_loadu_ps(alpha), a, _mm256_loadu_ps(y)));
 }
 #elif defined(ZENEDGE_NEON)
-/* The same tables and sums with 128-bit vectors: TBL looks up 16 rows of S at once, with no lanes to
-   repeat a table in. */
+/* The same tables and sums with 128-bit vectors: TBL looks up 16 rows of S at once */
 #define QUAD_TABLE 32                  /* bytes per quad: the low table, then the high one */
 #define GROUP_TABLES (8 * QUAD_TABLE)
-#define BIAS 512
 
 static void build_tables(x_rows *r, int64_t M, int64_t K) {
     static const int16_t sign_of[4][16] = {    /* sign_of[i][j]: + where bit i of j is set */
@@ -181,34 +160,56 @@ INLINE void add_group(const uint8x16_t *idx, const uint8_t *tables, float d, flo
     acc[3] = vfmaq_f32(acc[3], vcvtq_f32_s32(vmovl_s16(vget_high_s16(second))), step);
 }
 
+#define BLOCK 16
+typedef uint8x16_t indices;
+typedef float32x4_t sums;
+
+INLINE sums sums_zero(void) { return vdupq_n_f32(0.0f); }
+
+INLINE void group_indices(const uint8_t *signs, int64_t N, int64_t g, int64_t n, indices idx[8]) {
+    for (int b = 0; b < 4; b++) {
+        const uint8x16_t bytes = vld1q_u8(signs + (g * 4 + b) * N + n);
+        idx[2 * b] = vandq_u8(bytes, vdupq_n_u8(0x0F));
+        idx[2 * b + 1] = vshrq_n_u8(bytes, 4);
+    }
+}
+
+INLINE void add_to(float *y, const float *alpha, sums a) {
+    vst1q_f32(y, vfmaq_f32(vld1q_f32(y), vld1q_f32(alpha), a));
+}
+#endif
+
+#if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512) || defined(ZENEDGE_NEON)
+/* Group by group, and within a group block by block of BLOCK rows: a group's bytes are 4·N bytes in
+   a row, read in order and streamed into L2 ahead (the hardware's prefetchers alone left the loads
+   waiting on memory), and the group's tables stay in L1 while every block uses them. Each
+   (S row, x row) sum still adds its groups in their order. */
 static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
                            float *y, int64_t ldy, int64_t M) {
-    const int64_t groups = K / 32, width = N / 16 * 16;
-    float32x4_t *acc = scratch((size_t)(M * width) * sizeof(float));
-    if (!acc) {
+    const int64_t groups = K / 32, width = N / BLOCK * BLOCK, lanes = BLOCK / 4;
+    sums *acc = scratch((size_t)(M * width) * sizeof(float));       /* A [M, width], `lanes` per vector */
+    if (!acc) {                            /* no memory for the accumulators: the reference steps */
         rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, 0, N);
         return;
     }
-    for (int64_t i = 0; i < M * width / 4; i++)
-        acc[i] = vdupq_n_f32(0.0f);
-    const uint8x16_t nibble = vdupq_n_u8(0x0F);
+    for (int64_t i = 0; i < M * width / lanes; i++)
+        acc[i] = sums_zero();
     for (int64_t g = 0; g < groups; g++)
-        for (int64_t n = 0; n < width; n += 16) {
-            uint8x16_t idx[8];
-            for (int b = 0; b < 4; b++) {
-                const uint8x16_t bytes = vld1q_u8(signs + (g * 4 + b) * N + n);
-                idx[2 * b] = vandq_u8(bytes, nibble);
-                idx[2 * b + 1] = vshrq_n_u8(bytes, 4);
+        for (int64_t n = 0; n < width; n += BLOCK) {
+            const int64_t soon = 4 * (g * N + n) + BYTES_AHEAD;    /* about where the reads will be */
+            if (soon < K / 8 * N) {
+                PREFETCH_L2(signs + soon);
+                PREFETCH_L2(signs + soon + 64);
             }
+            indices idx[8];
+            group_indices(signs, N, g, n, idx);
             for (int64_t m = 0; m < M; m++)
                 add_group(idx, x->tables + (m * groups + g) * GROUP_TABLES, x->step[m * groups + g],
-                          acc + (m * width + n) / 4);
+                          acc + (m * width + n) / lanes);
         }
     for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < width; n += 4) {
-            float *out = y + m * ldy + n;
-            vst1q_f32(out, vfmaq_f32(vld1q_f32(out), vld1q_f32(alpha + n), acc[(m * width + n) / 4]));
-        }
+        for (int64_t n = 0; n < width; n += lanes)
+            add_to(y + m * ldy + n, alpha + n, acc[(m * width + n) / lanes]);
     free(acc);
     rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, width, N);
 }
