@@ -5,7 +5,8 @@
 - `rms_norm.c`: RMSNorm of fp32 rows (the lean forward's norms);
 - `decode_attention.c`: one query per row over the KV cache (the lean decode step's attention);
 - `lora_add.c`: y += scale·(x·Aᵀ)·Bᵀ, a LoRA on a decode step's rows (runtime/layers.py);
-- `sign_add.c`: y += α ⊙ (S·x), a packed 1-bit BitDelta on a decode step's rows (runtime/layers.py);
+- `sign_add.c`: y += α ⊙ (S·x), a packed 1-bit BitDelta on a decode step's rows (runtime/layers.py),
+  and the dense W + α⊙S rows its prefill multiplies with (kernels/bitdelta/cpu.py);
 - `decode_step.c`: a whole decode step of a Llama-family layer stack in one call, through the
   kernels above (runtime/lean_llama.py), its rows on any mix of variants, and SiLU(gate)·up;
 - `lanes.h`: the 16-lane fp32 vector they are all written in, once per instruction set, and e^x;

@@ -13,7 +13,8 @@
  *     shared by every sign slice of a step); a row of S then needs one table lookup per 4 inputs:
  *     its sign bits, 4 at a time, are the index. The signs are stored by input byte (below), so
  *     32 bytes hold one byte of 32 rows, and VPSHUFB looks up 32 rows per instruction;
- *   - the portable loop (NEON and scalar builds) makes the same integer sums.
+ *   - NEON: the same tables, TBL looking up 16 rows at once; the portable loop (the scalar
+ *     build) makes the same integer sums one at a time and is the reference.
  * The integer sums are exact and the fp32 steps are the same on every build, so every instruction
  * set gives the same bits; every (S row, x row) sum takes the same steps whatever the other rows
  * are, so a row's numbers do not depend on its batch mates.
@@ -30,7 +31,7 @@
 #define BYTES_AHEAD 8192   /* the signs are streamed into L2 this far ahead */
 
 /* Rows n0..n1-1 of S against every row of x, one (S row, x row) sum at a time: the reference
-   steps, and the rows AVX2's blocks of 32 leave over */
+   steps, and the rows the vector loop's blocks leave over */
 static void rows_one_by_one(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
                             float *y, int64_t ldy, int64_t M, int64_t n0, int64_t n1) {
     const int64_t groups = K / 32;

@@ -12,7 +12,7 @@ typedef struct {
     void *codes;        /* x̂ [M, K], int8_t or int16_t, each group's 8-input runs in the caller's order */
     float *step;        /* d [M, K/32] */
     int32_t *sum;       /* Σ x̂ per group [M, K/32] */
-    uint8_t *tables;    /* the sign kernel's lookup tables of x̂ (sign_add.c's AVX2 loop), or NULL */
+    uint8_t *tables;    /* the sign kernel's lookup tables of x̂ (sign_add.c's AVX2 and NEON loops), or NULL */
 } x_rows;
 
 INLINE void x_rows_free(x_rows *r) {
