@@ -398,6 +398,8 @@ def sign_dense_fn(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tenso
     by_input, alpha = packed.t().contiguous(), alpha.float().contiguous()
 
     def dense_rows(start: int, stop: int) -> torch.Tensor:
+        if not 0 <= start <= stop <= out_features:
+            raise ValueError(f"sign_dense: rows {start}..{stop} of a weight with {out_features}")
         out = torch.empty(stop - start, in_features)
         lib.zenedge_sign_dense(weight.data_ptr(), by_input.data_ptr(), alpha.data_ptr(), out.data_ptr(), start, stop,
                                in_features, out_features, weight.stride(0))
@@ -612,6 +614,18 @@ def _sign_ok(lib) -> bool:
     return bool(torch.allclose(y, want, rtol=1e-4, atol=1e-5))
 
 
+def _sign_dense_ok(lib) -> bool:
+    g = torch.Generator().manual_seed(0)
+    rows, inputs = 9, 20                            # a partial byte of signs
+    weight, alpha = torch.randn(rows, inputs, generator=g), torch.rand(rows, generator=g)
+    packed = torch.randint(0, 256, (rows, 3), generator=g, dtype=torch.uint8)
+    signs = ((packed[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1).view(rows, 24)[:, :inputs].float() * 2 - 1
+    by_input, out = packed.t().contiguous(), torch.empty(rows - 2, inputs)
+    lib.zenedge_sign_dense(weight.data_ptr(), by_input.data_ptr(), alpha.data_ptr(), out.data_ptr(), 2, rows, inputs,
+                           rows, inputs)
+    return bool(torch.equal(out, torch.addcmul(weight, signs, alpha[:, None])[2:]))
+
+
 _SELF_TESTS = {"int4_gemv": _int4_ok, "int8_gemv": _int8_ok, "rms_norm": _rms_norm_ok,
                "decode_attention": _attention_ok, "lora_add": _lora_ok, "sign_add": _sign_ok,
-               "silu_mul": _silu_mul_ok}
+               "sign_dense": _sign_dense_ok, "silu_mul": _silu_mul_ok}
