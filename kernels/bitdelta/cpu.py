@@ -84,13 +84,14 @@ def sign_products(x: torch.Tensor, packed: torch.Tensor, in_features: int) -> to
 def weight_chunks(weight: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor, dtype: torch.dtype):
     """Yield (start, W_hat[start:start+c]) with W_hat = W + α⊙S built in fp32 and rounded once."""
     out_features, in_features = weight.shape
-    signs_of_byte = _byte_signs(torch.float32).T.contiguous()            # [256, 8]
     step = _rows_per_chunk(packed.shape[1] * 8)
-    dense_rows = sign_dense_fn(weight, packed, alpha) if dtype == torch.float32 else None   # the same numbers, in C
-    for start in range(0, out_features, step):
-        if dense_rows is not None:
+    dense_rows = sign_dense_fn(weight, packed, alpha) if dtype == torch.float32 else None
+    if dense_rows is not None:                                             # the same numbers, in C
+        for start in range(0, out_features, step):
             yield start, dense_rows(start, min(start + step, out_features))
-            continue
+        return
+    signs_of_byte = _byte_signs(torch.float32).T.contiguous()            # [256, 8]
+    for start in range(0, out_features, step):
         chunk = packed[start:start + step]
         # One table gather per byte (8 signs at once) beats shift/and/compare/select passes.
         signs = F.embedding(chunk.to(torch.int32), signs_of_byte).view(chunk.shape[0], -1)[:, :in_features]

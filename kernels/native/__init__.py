@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from zenedge import paths
+from zenedge.bitdelta.packing import unpack_signs
 from zenedge.errors import ConfigError
 
 log = logging.getLogger("zenedge.kernels")
@@ -604,9 +605,7 @@ def _sign_ok(lib) -> bool:
     packed = torch.randint(0, 256, (rows, inputs // 8), generator=g, dtype=torch.uint8)
     alpha = torch.rand(rows, generator=g) * 0.01
     x, y = torch.randn(5, inputs, generator=g), torch.randn(5, rows, generator=g)
-    bits = (packed[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1
-    signs = (bits.view(rows, inputs).float() * 2 - 1)
-    want = y + (rounded(x, 8) @ signs.t()) * alpha
+    want = y + (rounded(x, 8) @ unpack_signs(packed, inputs).t()) * alpha
     by_input = packed.t().contiguous()              # the kernel's [K/8, N]
     if lib.zenedge_sign_add(x.data_ptr(), by_input.data_ptr(), alpha.data_ptr(), y.data_ptr(), 5, inputs, rows,
                             inputs, rows):
@@ -619,7 +618,7 @@ def _sign_dense_ok(lib) -> bool:
     rows, inputs = 9, 20                            # a partial byte of signs
     weight, alpha = torch.randn(rows, inputs, generator=g), torch.rand(rows, generator=g)
     packed = torch.randint(0, 256, (rows, 3), generator=g, dtype=torch.uint8)
-    signs = ((packed[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1).view(rows, 24)[:, :inputs].float() * 2 - 1
+    signs = unpack_signs(packed, inputs)
     by_input, out = packed.t().contiguous(), torch.empty(rows - 2, inputs)
     lib.zenedge_sign_dense(weight.data_ptr(), by_input.data_ptr(), alpha.data_ptr(), out.data_ptr(), 2, rows, inputs,
                            rows, inputs)

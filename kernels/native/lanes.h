@@ -7,8 +7,8 @@
  * and the scalar build is the reference the others are tested against (tests/kernels/native).
  *
  * The build defines one of ZENEDGE_AVX512, ZENEDGE_AVX2, ZENEDGE_NEON (kernels/native/__init__.py);
- * none: the scalar reference. Kernels that need more than these (int4_gemv.c's and sign_add.c's
- * int8 dot products) keep their own small ISA-specific inner loops, whose integer sums are exact.
+ * none: the scalar reference. Kernels that need more than these (int4_gemv.c's int16 dot products,
+ * sign_add.c's table lookups) keep their own small ISA-specific inner loops, whose integer sums are exact.
  */
 #ifndef ZENEDGE_LANES_H
 #define ZENEDGE_LANES_H
