@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from zenedge.bitdelta.packing import pack_signs
 from zenedge.kernels import native
 
 CPU = torch.device("cpu")
@@ -116,13 +117,6 @@ def test_lora_add_refuses_what_it_does_not_take():
 
 
 @needs_native
-def packed(signs: torch.Tensor) -> torch.Tensor:
-    """±1 signs [N, K] as BitDelta packs them: uint8 [N, K/8], bit j of byte k is input 8k + j."""
-    bits = (signs > 0).to(torch.uint8).view(signs.shape[0], -1, 8)
-    return (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
-
-
-@needs_native
 @pytest.mark.parametrize("rows, inputs, outputs", [(1, 576, 37), (5, 96, 64), (9, 1536, 20)])
 def test_sign_add_is_alpha_times_the_signs_product_and_gives_each_row_its_own_sums(rows, inputs, outputs):
     """y += α ⊙ (S·x) with x rounded to int8 per group of 32 (native.rounded); blocks
@@ -131,7 +125,7 @@ def test_sign_add_is_alpha_times_the_signs_product_and_gives_each_row_its_own_su
     torch.manual_seed(0)
     signs = torch.randint(0, 2, (outputs, inputs)).float() * 2 - 1
     alpha, x = torch.rand(outputs) * 0.01, torch.randn(rows, inputs)
-    sign_add = native.sign_add_fn(packed(signs), alpha, inputs)
+    sign_add = native.sign_add_fn(pack_signs(signs), alpha, inputs)
     y = torch.randn(rows, outputs + 8)[:, 4:4 + outputs]                             # strided rows
     want = y.double() + (native.rounded(x, 8).double() @ signs.double().t()) * alpha.double()
     start = y.clone()
@@ -154,7 +148,7 @@ def test_a_row_holding_nan_or_inf_gives_nan_and_leaves_the_other_rows_alone(bad)
     q = torch.randint(0, 16, (rows, inputs), dtype=torch.uint8)
     scale, zero = (torch.rand(rows, inputs // 32) * 0.1).bfloat16(), (torch.randn(rows, inputs // 32) * 0.1).bfloat16()
     codes, block_scale, block_zero = native.int4_layout(q, scale, zero)
-    signs, alpha = packed(torch.randint(0, 2, (rows, inputs)).float() * 2 - 1), torch.rand(rows) * 0.01
+    signs, alpha = pack_signs(torch.randint(0, 2, (rows, inputs)).float() * 2 - 1), torch.rand(rows) * 0.01
     x = torch.randn(3, inputs)
     x[1, 40] = bad
     x[2] = 0.0
@@ -171,9 +165,9 @@ def test_a_row_holding_nan_or_inf_gives_nan_and_leaves_the_other_rows_alone(bad)
 
 
 def test_sign_add_refuses_what_it_does_not_take():
-    signs, alpha = packed(torch.ones(16, 64)), torch.ones(16)
+    signs, alpha = pack_signs(torch.ones(16, 64)), torch.ones(16)
     assert native.sign_add_fn(signs, alpha.double(), 64) is None                     # fp32 α only
-    assert native.sign_add_fn(packed(torch.ones(16, 48)), alpha, 48) is None         # inputs in groups of 32
+    assert native.sign_add_fn(pack_signs(torch.ones(16, 48)), alpha, 48) is None         # inputs in groups of 32
     assert native.sign_add_fn(signs, alpha[:8], 64) is None                          # α per output
     if native.library() is None:
         return
@@ -194,7 +188,7 @@ def test_sign_dense_rows_are_torchs_w_plus_alpha_signs_bit_for_bit(rows, inputs)
     signs = torch.randint(0, 2, (rows, inputs)).float() * 2 - 1
     alpha = torch.rand(rows) * 0.01
     want = torch.addcmul(weight, signs, alpha[:, None])
-    row_major = packed(F.pad(signs, (0, -inputs % 8), value=-1.0))
+    row_major = pack_signs(signs)
     for bits in (row_major, row_major.t().contiguous().t()):                        # the file's order, the runtime's
         dense_rows = native.sign_dense_fn(weight, bits, alpha)
         assert torch.equal(dense_rows(0, rows), want) and torch.equal(dense_rows(3, rows), want[3:])
