@@ -42,6 +42,7 @@
    prefetch level mattered, the distance did not: BENCHMARKS.md). */
 #define BLOCKS_AHEAD 2
 
+
 /* The inputs of a run of 8 that the word's nibble pairs k = 0..3 hold: x̂ is stored in this order */
 static const int PAIR[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
@@ -71,11 +72,12 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
         PREFETCH_L2(ahead + (g * 4 + c) * 64);
         const __m512i v = _mm512_loadu_si512((const void *)(codes + (g * 4 + c) * 64));
         for (int k = 0; k < 4; k++) {
-            const __m512i a = _mm512_and_si512(_mm512_srli_epi32(v, 4 * k), mask);
+            const __m512i a = k == 3 ? _mm512_srli_epi16(v, 12) : _mm512_and_si512(_mm512_srli_epi32(v, 4 * k), mask);
             for (int i = 0; i < MC; i++) {
                 int32_t pair;
                 memcpy(&pair, xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
                 sums[i] = _mm512_add_epi32(sums[i], _mm512_madd_epi16(a, _mm512_set1_epi32(pair)));
+                IN_REGISTERS(sums[i]);
             }
         }
     }
@@ -83,6 +85,11 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
         dot[i] = _mm512_cvtepi32_ps(sums[i]);
 }
 #elif defined(ZENEDGE_AVX2)
+/* Nibble pair k of every 16-bit half of v as 16-bit lanes (the top one needs only the shift) */
+INLINE __m256i nibble_pair(__m256i v, int k, __m256i mask) {
+    return k == 3 ? _mm256_srli_epi16(v, 12) : _mm256_and_si256(_mm256_srli_epi32(v, 4 * k), mask);
+}
+
 /* The 16 rows' sums of group g against MC rows of x: per 8 inputs, rows 0-7 and 8-15 in two
    vectors; each nibble pair k, shifted and masked, times x̂'s matching pair broadcast */
 INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t *xq, int64_t K, int64_t m0,
@@ -96,14 +103,15 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
         PREFETCH_L2(ahead + (g * 4 + c) * 64);
         const __m256i v0 = _mm256_loadu_si256((const __m256i *)at), v1 = _mm256_loadu_si256((const __m256i *)(at + 32));
         for (int k = 0; k < 4; k++) {
-            const __m256i a = _mm256_and_si256(_mm256_srli_epi32(v0, 4 * k), mask);
-            const __m256i b = _mm256_and_si256(_mm256_srli_epi32(v1, 4 * k), mask);
+            const __m256i a = nibble_pair(v0, k, mask), b = nibble_pair(v1, k, mask);
             for (int i = 0; i < MC; i++) {
                 int32_t pair;
                 memcpy(&pair, xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
                 const __m256i xb = _mm256_set1_epi32(pair);
                 top[i] = _mm256_add_epi32(top[i], _mm256_madd_epi16(a, xb));
                 bottom[i] = _mm256_add_epi32(bottom[i], _mm256_madd_epi16(b, xb));
+                IN_REGISTERS(top[i]);
+                IN_REGISTERS(bottom[i]);
             }
         }
     }

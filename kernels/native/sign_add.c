@@ -52,15 +52,16 @@ static void rows_one_by_one(const uint8_t *signs, int64_t K, int64_t N, const x_
 /* Lookup tables, built once per row of x: for each group and each quad of 4 inputs 4q..4q+3, the
    16 sums Σ ±x̂ (bit i of the index set: + for input 4q+i), one for each pattern of the quad's 4
    sign bits. A sum lies in ±4·127, so it is stored biased, U = sum + 512 in [4, 1020], in two 5-bit
-   halves: U & 31 in one 16-byte table, U >> 5 in another (on AVX2 each repeated in both 128-bit
+   halves: U & 31 in one 16-byte table, U >> 5 in another (on AVX2 each is loaded into both 128-bit
    lanes: VPSHUFB looks up within a lane; NEON's TBL has no lanes). A group's 8 lookups add up in
    bytes (each half at most 8·31) and the halves join in 16 bits: Σ U = Σ low + 32·Σ high, minus
    8·512. */
 #define BIAS 512
 
-#if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
-#define QUAD_TABLE 64                  /* bytes per quad: low table in both lanes, high table in both */
+#define QUAD_TABLE 32                  /* bytes per quad: the low table, then the high one */
 #define GROUP_TABLES (8 * QUAD_TABLE)  /* bytes per group of 32 inputs */
+
+#if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
 
 static void build_tables(x_rows *r, int64_t M, int64_t K) {
     const __m256i bit0 = _mm256_setr_epi16(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1),
@@ -76,17 +77,23 @@ static void build_tables(x_rows *r, int64_t M, int64_t K) {
         const __m256i u = _mm256_add_epi16(sums, _mm256_set1_epi16(BIAS));
         const __m256i halves = _mm256_permute4x64_epi64(   /* [16 low halves | 16 high halves] */
             _mm256_packus_epi16(_mm256_and_si256(u, _mm256_set1_epi16(31)), _mm256_srli_epi16(u, 5)), 0xD8);
-        _mm256_store_si256((__m256i *)(r->tables + quad * QUAD_TABLE), _mm256_permute2x128_si256(halves, halves, 0x00));
-        _mm256_store_si256((__m256i *)(r->tables + quad * QUAD_TABLE + 32), _mm256_permute2x128_si256(halves, halves, 0x11));
+        _mm256_store_si256((__m256i *)(r->tables + quad * QUAD_TABLE), halves);
     }
+}
+
+/* A 16-byte table in both 128-bit lanes (one load) */
+INLINE __m256i both_lanes(const uint8_t *table) {
+    return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)table));
 }
 
 /* acc[0..3] (S rows 0-7, 8-15, 16-23, 24-31) += d · Σ s·x̂ over one group, from its 8 index vectors and tables */
 INLINE void add_group(const __m256i *idx, const uint8_t *tables, float d, __m256 acc[4]) {
     __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
     for (int q = 0; q < 8; q++) {
-        low = _mm256_add_epi8(low, _mm256_shuffle_epi8(_mm256_load_si256((const __m256i *)(tables + q * QUAD_TABLE)), idx[q]));
-        high = _mm256_add_epi8(high, _mm256_shuffle_epi8(_mm256_load_si256((const __m256i *)(tables + q * QUAD_TABLE + 32)), idx[q]));
+        low = _mm256_add_epi8(low, _mm256_shuffle_epi8(both_lanes(tables + q * QUAD_TABLE), idx[q]));
+        high = _mm256_add_epi8(high, _mm256_shuffle_epi8(both_lanes(tables + q * QUAD_TABLE + 16), idx[q]));
+        IN_REGISTERS(low);
+        IN_REGISTERS(high);
     }
     const __m256i join = _mm256_set1_epi16(32 << 8 | 1), bias = _mm256_set1_epi16(8 * BIAS);
     /* 16-bit Σ s·x̂: lanes rows 0-7 | 16-23, and rows 8-15 | 24-31 */
@@ -120,8 +127,6 @@ INLINE void add_to(float *y, const float *alpha, sums a) {
 }
 #elif defined(ZENEDGE_NEON)
 /* The same tables and sums with 128-bit vectors: TBL looks up 16 rows of S at once */
-#define QUAD_TABLE 32                  /* bytes per quad: the low table, then the high one */
-#define GROUP_TABLES (8 * QUAD_TABLE)
 
 static void build_tables(x_rows *r, int64_t M, int64_t K) {
     static const int16_t sign_of[4][16] = {    /* sign_of[i][j]: + where bit i of j is set */
@@ -185,8 +190,8 @@ INLINE void add_to(float *y, const float *alpha, sums a) {
    a row, read in order and streamed into L2 ahead (the hardware's prefetchers alone left the loads
    waiting on memory), and the group's tables stay in L1 while every block uses them. Each
    (S row, x row) sum still adds its groups in their order. */
-static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
-                           float *y, int64_t ldy, int64_t M) {
+INLINE void rows_in_blocks_of(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
+                              float *y, int64_t ldy, const int64_t M) {
     const int64_t groups = K / 32, width = N / BLOCK * BLOCK, lanes = BLOCK / 4;
     sums *acc = scratch((size_t)(M * width) * sizeof(float));       /* A [M, width], `lanes` per vector */
     if (!acc) {                            /* no memory for the accumulators: the reference steps */
@@ -213,6 +218,16 @@ static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_r
             add_to(y + m * ldy + n, alpha + n, acc[(m * width + n) / lanes]);
     free(acc);
     rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, width, N);
+}
+
+/* One row of x (a lone request's decode) gets its own copy of the loop: with M known, the block's
+   index vectors stay in registers (0.75-0.8x the time on an AVX2 core: BENCHMARKS.md) */
+static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
+                           float *y, int64_t ldy, int64_t M) {
+    if (M == 1)
+        rows_in_blocks_of(signs, K, N, x, alpha, y, ldy, 1);
+    else
+        rows_in_blocks_of(signs, K, N, x, alpha, y, ldy, M);
 }
 #else
 static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
