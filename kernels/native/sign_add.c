@@ -208,6 +208,8 @@ INLINE void add_block(float *y, const float *alpha, const sums *a) {
 INLINE void rows_in_blocks_of(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
                               float *y, int64_t ldy, const int64_t M) {
     const int64_t groups = K / 32, width = N / BLOCK * BLOCK, lanes = BLOCK / 4;
+    for (int64_t at = 0; at < BYTES_AHEAD && at < K / 8 * N; at += 64)   /* the first reads, ahead of the loop's own */
+        PREFETCH_L2(signs + at);
     sums *acc = scratch((size_t)(M * width) * sizeof(float));       /* A [M, width], `lanes` per vector */
     if (!acc) {                            /* no memory for the accumulators: the reference steps */
         rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, 0, N);
