@@ -89,21 +89,22 @@ INLINE __m256i both_lanes(const uint8_t *table) {
 /* acc[0..3] += d · Σ s·x̂ over one group for S rows 0-31, from their 8 index vectors and tables; acc[j]
    lane i holds row 4i + j (add_block puts the rows back in order) */
 INLINE void add_group(const __m256i *idx, const uint8_t *tables, float d, __m256 acc[4]) {
-    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+    /* the high halves' byte sums start at -128: as signed bytes they are then Σ high - 128, and
+       L + 32·(Σ high - 128) is Σ U - 8·BIAS, the bias taken off for free (8·512 = 32·128) */
+    __m256i low = _mm256_setzero_si256(), high = _mm256_set1_epi8(-128);
     for (int q = 0; q < 8; q++) {
         low = _mm256_add_epi8(low, _mm256_shuffle_epi8(both_lanes(tables + q * QUAD_TABLE), idx[q]));
         high = _mm256_add_epi8(high, _mm256_shuffle_epi8(both_lanes(tables + q * QUAD_TABLE + 16), idx[q]));
         IN_REGISTERS(low);
         IN_REGISTERS(high);
     }
-    /* 16-bit L + 32·H − bias for the even rows and for the odd ones, each then widened to 32 bits,
+    /* 16-bit L + 32·H - 8·BIAS for the even rows and for the odd ones, each then widened to 32 bits,
        every second row at a time, by multiply-adds: no shuffles, whose ports the lookups fill
        (the interleaved unpack and sign extension took 1.15x the time: BENCHMARKS.md) */
-    const __m256i bias = _mm256_set1_epi16(8 * BIAS);
-    const __m256i even = _mm256_sub_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi16(1)),
-                                                           _mm256_maddubs_epi16(high, _mm256_set1_epi16(32))), bias);
-    const __m256i odd = _mm256_sub_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi16(1 << 8)),
-                                                          _mm256_maddubs_epi16(high, _mm256_set1_epi16(32 << 8))), bias);
+    const __m256i even = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi16(1)),
+                                          _mm256_maddubs_epi16(_mm256_set1_epi16(32), high));
+    const __m256i odd = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi16(1 << 8)),
+                                         _mm256_maddubs_epi16(_mm256_set1_epi16(32 << 8), high));
     const __m256i first = _mm256_set1_epi32(1), second = _mm256_set1_epi32(1 << 16);
     const __m256i parts[4] = {_mm256_madd_epi16(even, first), _mm256_madd_epi16(odd, first),
                               _mm256_madd_epi16(even, second), _mm256_madd_epi16(odd, second)};
