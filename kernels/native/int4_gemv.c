@@ -42,7 +42,6 @@
    prefetch level mattered, the distance did not: BENCHMARKS.md). */
 #define BLOCKS_AHEAD 2
 
-
 /* The inputs of a run of 8 that the word's nibble pairs k = 0..3 hold: x̂ is stored in this order */
 static const int PAIR[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 

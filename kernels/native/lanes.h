@@ -21,8 +21,8 @@
 #include <immintrin.h>
 #define PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 /* A running integer sum kept in a register and added to in order. Left alone, gcc reassociates a
-   chain of integer adds into trees of partial sums and spills them to the stack: the int4 and sign
-   kernels took 1.25x the time so (BENCHMARKS.md). */
+   chain of integer adds into trees of partial sums and spills them to the stack: the int4 product
+   took up to 1.25x the time so (BENCHMARKS.md). */
 #define IN_REGISTERS(v) __asm__("" : "+v"(v))
 #else
 #define PREFETCH_L2(p) __builtin_prefetch((p), 0, 2)

@@ -62,7 +62,6 @@ static void rows_one_by_one(const uint8_t *signs, int64_t K, int64_t N, const x_
 #define GROUP_TABLES (8 * QUAD_TABLE)  /* bytes per group of 32 inputs */
 
 #if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512)
-
 static void build_tables(x_rows *r, int64_t M, int64_t K) {
     const __m256i bit0 = _mm256_setr_epi16(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1),
                   bit1 = _mm256_setr_epi16(-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1),
@@ -100,7 +99,7 @@ INLINE void add_group(const __m256i *idx, const uint8_t *tables, float d, __m256
     }
     /* 16-bit L + 32·H - 8·BIAS for the even rows and for the odd ones, each then widened to 32 bits,
        every second row at a time, by multiply-adds: no shuffles, whose ports the lookups fill
-       (the interleaved unpack and sign extension took 1.15x the time: BENCHMARKS.md) */
+       (the unpacks and sign extensions took about 1.15x the time: BENCHMARKS.md) */
     const __m256i even = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi16(1)),
                                           _mm256_maddubs_epi16(_mm256_set1_epi16(32), high));
     const __m256i odd = _mm256_add_epi16(_mm256_maddubs_epi16(low, _mm256_set1_epi16(1 << 8)),
@@ -141,7 +140,6 @@ INLINE void add_block(float *y, const float *alpha, const sums *a) {
 }
 #elif defined(ZENEDGE_NEON)
 /* The same tables and sums with 128-bit vectors: TBL looks up 16 rows of S at once */
-
 static void build_tables(x_rows *r, int64_t M, int64_t K) {
     static const int16_t sign_of[4][16] = {    /* sign_of[i][j]: + where bit i of j is set */
         {-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1},
@@ -239,7 +237,7 @@ INLINE void rows_in_blocks_of(const uint8_t *signs, int64_t K, int64_t N, const 
 }
 
 /* One row of x (a lone request's decode) gets its own copy of the loop: with M known, the block's
-   index vectors stay in registers (0.75-0.8x the time on an AVX2 core: BENCHMARKS.md) */
+   index vectors stay in registers (about 0.8x the time on an AVX2 core: BENCHMARKS.md) */
 static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
                            float *y, int64_t ldy, int64_t M) {
     if (M == 1)
