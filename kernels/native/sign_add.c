@@ -88,9 +88,10 @@ INLINE __m256i both_lanes(const uint8_t *table) {
 /* acc[0..3] += d · Σ s·x̂ over one group for S rows 0-31, from their 8 index vectors and tables; acc[j]
    lane i holds row 4i + j (add_block puts the rows back in order) */
 INLINE void add_group(const __m256i *idx, const uint8_t *tables, float d, __m256 acc[4]) {
-    /* the high halves' byte sums start at -128: as signed bytes they are then Σ high - 128, and
-       L + 32·(Σ high - 128) is Σ U - 8·BIAS, the bias taken off for free (8·512 = 32·128) */
-    __m256i low = _mm256_setzero_si256(), high = _mm256_set1_epi8(-128);
+    /* the high halves' byte sums start at -8·BIAS/32 (-128): as signed bytes they are then
+       Σ high - 8·BIAS/32, and L + 32·that is Σ U - 8·BIAS, the bias taken off for free */
+    _Static_assert(8 * BIAS % 32 == 0 && 8 * BIAS / 32 <= 128, "the bias must fit a signed byte's start");
+    __m256i low = _mm256_setzero_si256(), high = _mm256_set1_epi8((char)(-8 * BIAS / 32));
     for (int q = 0; q < 8; q++) {
         low = _mm256_add_epi8(low, _mm256_shuffle_epi8(both_lanes(tables + q * QUAD_TABLE), idx[q]));
         high = _mm256_add_epi8(high, _mm256_shuffle_epi8(both_lanes(tables + q * QUAD_TABLE + 16), idx[q]));
