@@ -1,5 +1,6 @@
 """The package is what pyproject.toml says it is, and the CLI starts without the heavy stack."""
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -12,11 +13,80 @@ def test_every_subpackage_is_listed_in_pyproject():
     found = {"zenedge"} | {
         "zenedge." + ".".join(p.parent.relative_to(REPO / "zenedge").parts)
         for p in (REPO / "zenedge").rglob("__init__.py") if p.parent != REPO / "zenedge"
-    } | {"zenedge.kernels", "zenedge.profiles"} | {  # mapped from top-level folders
+    } | {"zenedge.profiles"} | {  # mapped from top-level folders (pyproject's package-dir)
         "zenedge.kernels." + ".".join(p.parent.relative_to(REPO / "kernels").parts)
-        for p in (REPO / "kernels").rglob("__init__.py") if p.parent != REPO / "kernels"
+        for p in (REPO / "kernels").rglob("__init__.py")
     }
     assert found == listed, f"pyproject packages out of date: missing {found - listed}, extra {listed - found}"
+
+
+# The only names the tree makes importable from its root: zenedge itself, and the suite's helpers
+# (pytest imports them as `tests.…`). Every other top-level folder is a plain folder, or at most a
+# namespace portion, which any installed package of the same name outranks.
+TOP_LEVEL_PACKAGES = {"zenedge", "tests"}
+
+
+def _importable_from_the_root() -> set[str]:
+    """Top-level names that a Python started in the repository root imports from the tree: regular
+    packages (a folder with __init__.py) and modules."""
+    return {entry.stem for entry in REPO.iterdir() if entry.stem.isidentifier() and (
+        (entry.is_dir() and (entry / "__init__.py").exists()) or entry.suffix == ".py")}
+
+
+def test_no_top_level_folder_is_a_package_but_zenedge_and_tests():
+    """Regression: kernels/__init__.py made the repository's kernels/ the top-level `kernels` for
+    anything started in the root (`python -m zenedge.cli serve`, pytest), and transformers 5.25's
+    `from kernels import CUDAProperties` (PyPI's `kernels`) failed on it: every first `pull` did."""
+    assert _importable_from_the_root() == TOP_LEVEL_PACKAGES
+
+
+def test_no_installed_distribution_provides_a_name_the_tree_holds():
+    from importlib.metadata import packages_distributions
+
+    provided = packages_distributions()
+    clashes = {name: provided[name] for name in _importable_from_the_root()
+               if set(provided.get(name, ())) - {"zenedge"}}
+    assert clashes == {}, f"installed distributions that the tree would shadow from its root: {clashes}"
+
+
+def test_an_installed_package_outranks_every_top_level_folder(tmp_path):
+    """A decoy distribution named after each top-level folder: from the root (the current directory
+    first on sys.path, as `python -m` and `python -c` put it), `import NAME` must load the decoy."""
+    folders = sorted(entry.name for entry in REPO.iterdir()
+                     if entry.is_dir() and entry.name.isidentifier() and entry.name not in TOP_LEVEL_PACKAGES)
+    assert {"kernels", "profiles", "tools", "desktop"} <= set(folders)
+    site = tmp_path / "site-packages"
+    for name in folders:
+        (site / name).mkdir(parents=True)
+        (site / name / "__init__.py").write_text("DECOY = True\n")
+    code = ("import importlib, sys\n"
+            "print(' '.join(n for n in sys.argv[1:] if not getattr(importlib.import_module(n), 'DECOY', False)))")
+    done = subprocess.run([sys.executable, "-c", code, *folders], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"shadowed from the repository root: {done.stdout.strip()}"
+
+
+def test_a_wheel_installs_the_kernels_and_the_registry_inside_zenedge(tmp_path):
+    """A regular (non-editable) install: kernels/native, kernels/bitdelta and profiles/ land under
+    zenedge/, and the wheel has no top-level package but zenedge."""
+    import shutil
+    import zipfile
+
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                              "__pycache__", ".pytest_cache", ".hypothesis"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(tmp_path / "dist"), str(tree)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("zenedge-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"zenedge"}
+    for expected in ("zenedge/kernels/__init__.py", "zenedge/kernels/native/__init__.py",
+                     "zenedge/kernels/native/decode_step.c", "zenedge/kernels/bitdelta/triton.py",
+                     "zenedge/profiles/index.json", "zenedge/profiles/writer/manifest.json"):
+        assert expected in names, expected
+    assert not any(name.startswith("zenedge/profiles/recipes/") for name in names)
 
 
 def test_cli_import_does_not_load_the_heavy_stack():
@@ -71,7 +141,7 @@ def imported_distributions() -> set[str]:
                 names |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 names.add(node.module.split(".")[0])
-    third_party = names - set(sys.stdlib_module_names) - {"zenedge", "kernels"}
+    third_party = names - set(sys.stdlib_module_names) - {"zenedge"}
     return {DISTRIBUTION.get(name, name) for name in third_party}
 
 

@@ -16,10 +16,17 @@ MAX_METADATA_BYTES = 4 * 2**20
 
 
 def embedded_root() -> Path:
+    """The embedded registry's folder: zenedge/profiles inside an installed wheel, the checkout's
+    top-level profiles/ under an editable install (profiles/ is a data folder with no
+    `__init__.py`, so that it never shadows a package called `profiles`; setuptools' editable
+    finder does not map such a folder, hence the second place)."""
     spec = importlib.util.find_spec("zenedge.profiles")
-    if spec is None or not spec.submodule_search_locations:
-        raise RegistryError("the embedded registry is missing from this installation")
-    return Path(list(spec.submodule_search_locations)[0])
+    places = list(spec.submodule_search_locations or ()) if spec is not None else []
+    places.append(Path(__file__).resolve().parents[2] / "profiles")   # <checkout>/zenedge/registry/sources.py
+    for place in map(Path, places):
+        if (place / "index.json").is_file():
+            return place
+    raise RegistryError("the embedded registry is missing from this installation")
 
 
 class DirectorySource:

@@ -1,1 +1,0 @@
-"""The embedded registry (profiles/ in the repository, zenedge.profiles when installed)."""
