@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 import platformdirs
@@ -35,6 +36,13 @@ def home() -> Path:
 def config_path() -> Path:
     value = os.environ.get("ZENEDGE_CONFIG")
     return Path(value).expanduser() if value else Path(platformdirs.user_config_dir(APP)) / "config.toml"
+
+
+def cli_command(*args: str) -> list[str]:
+    """The argv that runs zenedge's CLI in a child process (the daemon, the benches' commands).
+    `-P`: the child imports zenedge and its dependencies from the installation only, never from its
+    working directory (a clone's root holds folders named like packages that dependencies import)."""
+    return [sys.executable, "-P", "-m", "zenedge.cli", *args]
 
 
 def kernel_cache() -> Path:

@@ -66,9 +66,12 @@ def test_a_daemon_that_cannot_start_leaves_the_work_to_the_command(tmp_path, tin
     env = {"ZENEDGE_HOME": str(home), "ZENEDGE_CONFIG": str(config_path), "ZENEDGE_KEEP_ALIVE": "60"}
     done = run_cli("run", "p0", "hi", "--max-tokens", "3", "--json", env=env, check=True)
     assert '"completion_tokens": 3' in done.stdout
-    assert f"note: the zenedge daemon did not start (see {home / 'logs' / 'daemon.log'}); working in this process" \
-        in done.stderr
-    assert "error" in (home / "logs" / "daemon.log").read_text()
+    log = (home / "logs" / "daemon.log").read_text()
+    last = log.strip().splitlines()[-1].strip()
+    assert last.startswith("error:")
+    # the daemon's own last word, in the command that started it (not only "see the log")
+    assert f"note: the zenedge daemon did not start ({last}); see {home / 'logs' / 'daemon.log'}; " \
+           "working in this process" in done.stderr
 
 
 def test_an_invalid_keep_alive_is_a_one_line_error(tmp_path, tiny_base_dir):
@@ -164,3 +167,34 @@ def test_two_commands_starting_at_once_share_one_daemon(tmp_path, tiny_base_dir)
         run_cli("stop", env=env)
         if info is not None:
             wait_gone(info["pid"])
+
+
+def test_a_daemon_started_in_a_folder_of_decoys_imports_only_the_installation(tmp_path, tiny_base_dir):
+    """Regression: `pull` in a clone's root started `python -m zenedge.cli serve` there, so the
+    clone's kernels/ (then a package) shadowed PyPI's `kernels` inside the daemon. From a folder
+    whose `kernels` and `zenedge` packages fail on import, the command (the installed entry point,
+    as a user types it) still starts a daemon that serves it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    home, config_path = make_home(tmp_path, tiny_base_dir)
+    workdir = tmp_path / "clone"
+    for decoy in ("kernels", "zenedge"):
+        (workdir / decoy).mkdir(parents=True)
+        (workdir / decoy / "__init__.py").write_text(f"raise ImportError('the decoy {decoy} was imported')\n")
+    (workdir / "zenedge" / "cli.py").write_text("raise ImportError('the decoy zenedge.cli was imported')\n")
+    env = {**os.environ, "ZENEDGE_HOME": str(home), "ZENEDGE_CONFIG": str(config_path), "XDG_RUNTIME_DIR": "",
+           "OMP_NUM_THREADS": "1", "ZENEDGE_KEEP_ALIVE": "120"}
+    entry_point = Path(sys.executable).with_name("zenedge")
+    done = subprocess.run([str(entry_point), "run", "p0", "hi", "--max-tokens", "3"], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=300)
+    info = discovery.read_info(home)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert "starting a zenedge daemon" in done.stderr and "did not start" not in done.stderr, done.stderr
+        assert info is not None and alive(info["pid"])
+        assert "decoy" not in (home / "logs" / "daemon.log").read_text()
+    finally:
+        if info is not None and alive(info["pid"]):
+            os.kill(info["pid"], signal.SIGKILL)

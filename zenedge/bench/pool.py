@@ -22,7 +22,6 @@ import contextlib
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Callable, Iterator
@@ -43,7 +42,7 @@ def lora_profiles() -> list[dict[str, Any]]:
 
 def _zenedge(args: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "zenedge.cli", *args], env=env, capture_output=True, text=True)
+    done = subprocess.run(paths.cli_command(*args), env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"zenedge {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
@@ -101,10 +100,10 @@ def _serving(env: dict[str, str]) -> Iterator[float]:
     """`zenedge serve` in the bench's home until the block ends; yields its start-up seconds (until
     `zenedge ps` answers through it)."""
     start = time.perf_counter()
-    server = subprocess.Popen([sys.executable, "-m", "zenedge.cli", "serve"], env=env,
+    server = subprocess.Popen(paths.cli_command("serve"), env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        while subprocess.run([sys.executable, "-m", "zenedge.cli", "ps"], env=env, capture_output=True).returncode:
+        while subprocess.run(paths.cli_command("ps"), env=env, capture_output=True).returncode:
             if server.poll() is not None:
                 raise RuntimeError(f"zenedge serve exited ({server.returncode}): {server.stderr.read().strip()}")
             if time.perf_counter() - start > 300:

@@ -14,7 +14,6 @@ next commands in those minutes start at once (BENCHMARKS.md, "The pool at intera
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -83,9 +82,10 @@ def start_daemon(cfg: Config, seconds: float, say: Callable[[str], None]) -> Dae
     say(f"starting a zenedge daemon for this pool (it exits after {seconds:g} s with nothing to do; "
         "`zenedge stop` ends it now)")
     with log:
+        started_at = log.seek(0, os.SEEK_END)   # what this daemon writes starts here
+        # In the home, not the caller's directory (paths.cli_command: imports from the installation only).
         process = subprocess.Popen(
-            [sys.executable, "-m", "zenedge.cli", "serve", "--idle-exit", f"{seconds:g}", "--log-level", "warning"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            paths.cli_command("serve", "--idle-exit", f"{seconds:g}", "--log-level", "warning"), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd=paths.home())
     deadline, exited_at = time.monotonic() + START_TIMEOUT, None
     while time.monotonic() < deadline:
         client = find_daemon(cfg)
@@ -96,8 +96,22 @@ def start_daemon(cfg: Config, seconds: float, say: Callable[[str], None]) -> Dae
         if exited_at is not None and time.monotonic() - exited_at > RACE_WAIT:
             break
         time.sleep(0.05)
-    say(f"note: the zenedge daemon did not start (see {log_path}); working in this process")
+    why = last_line(log_path, started_at)
+    say(f"note: the zenedge daemon did not start{f' ({why})' if why else ''}; see {log_path}; "
+        "working in this process")
     return None
+
+
+def last_line(path, offset: int) -> str | None:
+    """The last non-empty line written to `path` after `offset` (a daemon's last word: usually its
+    error), shortened to one readable line; None when it wrote nothing."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(offset, f.seek(0, os.SEEK_END) - 64 * 1024))
+            lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    return lines[-1][:300] if lines else None
 
 
 def lingering_daemon() -> int | None:
