@@ -94,7 +94,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
     if importlib.util.find_spec("gguf") is None:
         raise Unavailable("loading GGUF files needs the `gguf` package", hint="pip install gguf")
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from zenedge.runtime.model import load_causal_lm
 
     folder, filename = str(gguf_path.parent), gguf_path.name
     if progress:
@@ -103,7 +105,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
         if progress:
             progress("dequantising weights")
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename)
+        model = load_causal_lm(folder, gguf_file=filename)
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)

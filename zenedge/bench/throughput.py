@@ -274,14 +274,13 @@ def run_bench(options: Options, progress=_progress) -> dict:
     llama_bench = peers.locate(options.llama_bench)      # a broken one fails now, not after the loads
 
     import torch
-    from transformers import AutoModelForCausalLM
 
     from zenedge.bench.variants import load_lora_variant, make_bitdelta, make_lora
     from zenedge.runtime.cache import DeltaCache
     from zenedge.runtime.dense_bitdelta import DenseBitDeltas
     from zenedge.runtime.generate import GenerationRequest, SamplingParams
     from zenedge.runtime.prompts import encode_chat
-    from zenedge.runtime.model import load_resident
+    from zenedge.runtime.model import load_causal_lm, load_resident
     from zenedge.runtime.variants import load_bitdelta
 
     threads.configure(options.threads or "auto")
@@ -302,7 +301,7 @@ def run_bench(options: Options, progress=_progress) -> dict:
         progress("loading residents and transformers' models")
         residents = {label: load_resident("bench", base_dir, cpu, dtype, weights)
                      for label, (dtype, weights) in setups.items()}
-        hf = {dt: AutoModelForCausalLM.from_pretrained(base_dir, dtype=dt).eval() for dt in (torch.float32, torch.bfloat16)}
+        hf = {dt: load_causal_lm(base_dir, dtype=dt).eval() for dt in (torch.float32, torch.bfloat16)}
         tokenizer = residents["float32"].tokenizer
         prompt = encode_chat(tokenizer, PROMPT)
         input_ids = torch.tensor([prompt])

@@ -15,10 +15,10 @@ def make_lora(base_dir: Path, out: Path, *, seed: int, rank: int = 8) -> Path:
     """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors)."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from zenedge.runtime.model import load_causal_lm
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = load_causal_lm(base_dir, dtype=torch.float32)
     peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS,
                                                   lora_dropout=0.0))
     with torch.no_grad():
@@ -34,12 +34,12 @@ def make_bitdelta(base_dir: Path, work: Path, out: Path, *, seed: int, scale: fl
     """A .bitdelta file: base + scale·N(0,1) on every decoder 2-D weight, compressed (`base_sha256`:
     the base's digest as a store knows it, else the compressor's own)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from zenedge.runtime.model import load_causal_lm
 
     from zenedge.bitdelta import compress_model
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = load_causal_lm(base_dir, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.ndim == 2 and ".layers." in name:

@@ -65,14 +65,15 @@ def _every_tenth(say: Say | None) -> Callable[[int, int, str], None]:
 def _distill(base_dir: Path, finetuned: Path, path: Path, steps: int, say: Say | None) -> dict[str, float]:
     """Train the scales against the fine-tune's logits on calibration text; rewrite the file."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from zenedge.bitdelta import (build_calibration_batches, distill_scales, load_bitdelta, save_bitdelta,
                                   stdlib_texts, with_alphas)
+    from zenedge.runtime.model import load_causal_lm
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    tuned = AutoModelForCausalLM.from_pretrained(finetuned, dtype=torch.float32)
+    base = load_causal_lm(base_dir, dtype=torch.float32)
+    tuned = load_causal_lm(finetuned, dtype=torch.float32)
     batches = build_calibration_batches(stdlib_texts(), tokenizer, max_batches=32)
     data = load_bitdelta(path)
     result = distill_scales(base, tuned, data, batches, steps)

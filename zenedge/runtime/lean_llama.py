@@ -30,6 +30,7 @@ To force the transformers path on a model (tests, benchmarks): `set_enabled(mode
 from __future__ import annotations
 
 import importlib
+import logging
 from functools import partial
 
 import torch
@@ -39,6 +40,9 @@ from torch import nn
 from zenedge.kernels import native
 from zenedge.runtime.c_step import FusedStep
 from zenedge.runtime.layers import bound, products
+
+log = logging.getLogger("zenedge.runtime")
+_logged_refusals: set[str] = set()
 
 # model_type → (transformers module, class-name prefix). Mistral and Qwen2 are Llama's math exactly
 # once no layer slides its window (their only difference; the rule below refuses sliding): same
@@ -68,7 +72,11 @@ def lean_forward(model: nn.Module, batch=None) -> "LeanLlama | None":
     """The lean forward of `model` for one request's `batch` (its RowVariants), or None when it is
     disabled or the model is not supported. Checked and built per request, so a module swapped or
     hooked after loading is picked up."""
-    if refusal(model) is not None:
+    reason = refusal(model)
+    if reason is not None:
+        if reason not in _logged_refusals:   # a fall-off from the fast path is never silent
+            _logged_refusals.add(reason)
+            log.warning("decoding with transformers' forward, not the lean one (several times slower): %s", reason)
         return None
     return LeanLlama(model, batch)
 

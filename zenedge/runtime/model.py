@@ -48,14 +48,14 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
     """Load a Hugging Face directory (config.json + safetensors) as the resident base. On CPU its
     linears get fast matmul copies in the `weights` format (cpu_weights.py: packed bf16 when the
     dtype is bf16, int8 / int4 when asked)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our CLI reports progress itself
     hf_logging.set_verbosity_error()
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, use_safetensors=True)
+    model = load_causal_lm(directory, dtype=dtype, use_safetensors=True)
     model.to(device).eval()
     model.requires_grad_(False)
     state = patch_model(model, device)
@@ -66,6 +66,20 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
     return ResidentModel(name, model, tokenizer, state, device, dtype, time.perf_counter() - start, eos_ids, weights)
+
+
+def load_causal_lm(source, **kwargs) -> torch.nn.Module:
+    """transformers' `AutoModelForCausalLM.from_pretrained(source, **kwargs)`, as zenedge loads every
+    model: without hub kernels. Since 5.25, transformers kernelizes every model it loads once PyPI's
+    `kernels` is installed (a dependency of it now), replacing module forwards; the lean forward
+    refuses such a model, and on the embedded base each decode step then took about 15 ms more in
+    transformers' own forward (issue [V]). zenedge's kernels are its own, and nothing is fetched
+    from a hub."""
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    if hasattr(PreTrainedModel, "set_use_kernels"):   # a transformers that knows hub kernels
+        kwargs.setdefault("use_kernels", False)
+    return AutoModelForCausalLM.from_pretrained(source, **kwargs)
 
 
 def skeleton(directory: Path) -> torch.nn.Module:
