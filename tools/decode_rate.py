@@ -1,5 +1,6 @@
 """Decode tokens/s on a stored base, as the daemon would run it, and the stack it ran on:
-`python -m tools.decode_rate [--base smollm2-135m] [--tokens 128] [--rounds 3]` (JSON on stdout).
+`python tools/decode_rate.py [--base smollm2-135m] [--tokens 128] [--rounds 3]` (JSON on stdout;
+by path, so that the installation, not the repository root, is what it imports).
 
 The speed half of CI's canary (.ci/canary.py) runs it in the locked venv and in the newest one,
 alternately, on the same home, and compares the two: a ratio within one run, never a timing.

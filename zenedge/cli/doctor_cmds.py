@@ -6,6 +6,7 @@ import importlib.util
 import platform
 import shutil
 import sys
+from pathlib import Path
 
 import click
 
@@ -28,10 +29,11 @@ def _checks() -> list[dict]:
     except ZenedgeError as exc:
         add("config", "fail", str(exc))
         cfg = None
-    for package in ("torch", "transformers", "peft", "safetensors", "triton", "gguf"):
+    for package in ("torch", "transformers", "peft", "safetensors", "tokenizers", "triton", "gguf", "kernels"):
         spec = importlib.util.find_spec(package)
-        add(package, "ok" if spec else ("warn" if package == "triton" else "fail"),
-            _version(package) if spec else "not installed")
+        missing = {"triton": "warn", "kernels": "ok"}.get(package, "fail")   # kernels: transformers' optional hub kernels
+        add(package, "ok" if spec else missing, _version(package) if spec else "not installed")
+    add("tested versions", *_against_the_lock())
     try:
         import torch
 
@@ -159,6 +161,34 @@ def _path_line(path: dict, device: str) -> tuple[str, str]:
 def _isa_text(isa: str | None, why: str | None) -> str:
     """'avx2: the CPU has avx2, fma, f16c; not avx512_bf16' (an older daemon reports no instruction set)."""
     return f"{isa}: {why}" if isa else "instruction set not reported"
+
+
+# The lock of the versions the test suite last passed with: the checkout's constraints.txt (an
+# editable install, as the README makes); a wheel carries none.
+LOCK = Path(__file__).resolve().parents[2] / "constraints.txt"
+
+
+def _against_the_lock(lock: Path = LOCK) -> tuple[str, str]:
+    """(status, detail): the installed distributions whose versions differ from the lock's pins."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if not lock.is_file():
+        return "ok", "no lock beside this installation (constraints.txt comes with a checkout)"
+    pins = [line.split("==", 1) for line in lock.read_text().splitlines()
+            if "==" in line and not line.lstrip().startswith("#")]
+    checked, outside = 0, []
+    for name, pinned in pins:
+        try:
+            installed = version(name.strip())
+        except PackageNotFoundError:
+            continue    # pinned for a platform or an extra this install does not have
+        checked += 1
+        if installed != pinned.strip():
+            outside.append(f"{name.strip()} {installed} (tested: {pinned.strip()})")
+    if outside:
+        return "warn", (f"{len(outside)} of {checked} outside the tested lock {lock}: " + ", ".join(outside)
+                        + "; `pip install -c constraints.txt -e .` in the checkout installs the tested ones")
+    return "ok", f"all {checked} installed packages as in {lock}"
 
 
 def _version(package: str) -> str:
