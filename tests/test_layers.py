@@ -14,6 +14,7 @@ from tests.conftest import REPO
 LAYERS = {
     "zenedge.errors": 0, "zenedge.names": 0, "zenedge.sizes": 0, "zenedge.paths": 0, "zenedge.config": 0,
     "zenedge.files": 0, "zenedge.durations": 0, "zenedge.digests": 0, "zenedge.lazy_exports": 0,
+    "zenedge.dependencies": 0,
     "zenedge.store": 1, "zenedge.adapters": 1, "zenedge.bitdelta": 1, "zenedge.merge": 1, "zenedge.kernels": 1,
     "zenedge.api": 1,
     "zenedge.bases": 2, "zenedge.runtime": 2, "zenedge.registry": 2, "zenedge.evaluation": 2,

@@ -14,6 +14,7 @@ from zenedge import __version__
 from zenedge.cli import base_cmds, budget_cmds, compress_cmds, doctor_cmds, export_cmds, merge_cmds, pool_cmds, registry_cmds, run_cmds
 from zenedge.cli import serve_cmds
 from zenedge.cli import bench_cmds
+from zenedge.dependencies import from_dependency
 from zenedge.errors import ZenedgeError, from_environment
 from zenedge.runtime import threads
 
@@ -65,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         return 130
-    except Exception as exc:  # a full disk, a read-only home, a damaged index: one line; a bug: its traceback
-        fault = from_environment(exc)
+    except Exception as exc:  # a full disk, a read-only home, a damaged index, a broken dependency: one line;
+        fault = from_environment(exc) or from_dependency(exc)   # a bug: its traceback
         if fault is None:
             raise
         _error(str(fault))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from zenedge.dependencies import from_dependency
 from zenedge.errors import Conflict, InvalidInput, NotFound, Unavailable, ZenedgeError, from_environment
 
 log = logging.getLogger("zenedge.server")
@@ -84,13 +85,18 @@ def stream_payload(exc: BaseException) -> dict[str, Any]:
 
 def _known(exc: BaseException, doing: str) -> ZenedgeError:
     """The error a client gets: a zenedge error as it is, a fault of the machine (a full disk, a
-    read-only home, a damaged index) as its one line (errors.from_environment), and anything else
+    read-only home, a damaged index) as its one line (errors.from_environment), a dependency that
+    fails to import as the line that names it (dependencies.from_dependency), and anything else
     as "internal error", its traceback in the daemon's log only."""
     known = from_environment(exc)
     if known is not None:
         if known is not exc:
             log.warning("%s: %s", doing, known)
         return known
+    broken = from_dependency(exc)
+    if broken is not None:   # the traceback is what its maintainers (or we) will ask for
+        log.error("%s: %s", doing, broken, exc_info=exc)
+        return broken
     log.error("unexpected error %s", doing, exc_info=exc)
     return ZenedgeError("internal error in the zenedge daemon (details are in its log)")
 
