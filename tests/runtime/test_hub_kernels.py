@@ -62,3 +62,17 @@ def test_a_fall_off_from_the_lean_forward_is_logged_once_with_its_reason(tiny_ba
     warnings = [r.getMessage() for r in caplog.records if "not the lean one" in r.getMessage()]
     assert warnings == ["decoding with transformers' forward, not the lean one (several times slower): "
                         "LlamaRMSNorm has hooks or a patched forward"]
+
+
+def test_doctor_without_a_daemon_reports_the_path_a_load_takes(tiny_base_dir, monkeypatch):
+    """`doctor` with no daemon asks the skeleton (no weights read); a daemon's /api/ps asks the
+    resident. Both must give the same answer, or doctor says "lean" while the daemon is not."""
+    from zenedge.runtime.model import skeleton
+
+    monkeypatch.delenv("USE_HUB_KERNELS", raising=False)
+    cpu = torch.device("cpu")
+    resident = load_resident("tiny", tiny_base_dir, cpu, torch.float32, "int4")
+    loaded = decode_path(resident.model, cpu, "int4")
+    guessed = decode_path(skeleton(tiny_base_dir), cpu, "int4")
+    assert (guessed.stepper, guessed.forward, guessed.lean_refused) == \
+           (loaded.stepper, loaded.forward, loaded.lean_refused) == ("static", "lean", None)
