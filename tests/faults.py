@@ -230,6 +230,19 @@ def mounted(args: list[str], target: Path):
         subprocess.run(["umount", "-l", str(target)], capture_output=True)
 
 
+def fill_disk(folder: Path) -> Path:
+    """Fill the file system holding `folder` to the last byte; returns the filler file."""
+    import shutil
+
+    filler = folder / "filler"
+    with open(filler, "ab", buffering=0) as handle:
+        with contextlib.suppress(OSError):   # ENOSPC: full
+            handle.write(bytes(shutil.disk_usage(folder).free))
+            while handle.write(bytes(4096)):
+                pass
+    return filler
+
+
 def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
     """What the disk and the environment do to a pool: damaged or emptied indexes, damaged blobs, a
     read-only home, a full disk, FIFOs and huge files where files are expected. Each is one error
@@ -280,8 +293,12 @@ def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
     blob.write_bytes(bytes(data))
     served = run_cli("run", "p1", "hi", "--max-tokens", "2", env=env)
     checked = run_cli("pool", "check", env=env)
-    case("damaged blob: refused by run, reported by pool check",
-         one_error_line(served, 65) and "'p1'" in served.stderr and checked.returncode == 1 and "'p1' is damaged" in checked.stdout)
+    case("damaged blob: refused by run, reported by pool check (exit 65)",
+         one_error_line(served, 65) and "'p1'" in served.stderr and one_error_line(checked, 65)
+         and "'p1' is damaged" in checked.stdout)
+    exported = run_cli("export", str(bench.root / "disk" / "export" / "out"), "p0", "p1", env=env)
+    case("damaged blob: export refused in one line, nothing left where it wrote",
+         one_error_line(exported, 65) and not (bench.root / "disk" / "export").exists())
     daemon = ProcessDaemon.start(home, bench.config_path)
     try:
         with daemon.uds() as http:
@@ -340,10 +357,34 @@ def disk_faults(bench: Bench, log, quick: bool = False) -> Tally:
                 handle.write(bytes(max(0, shutil.disk_usage(small).free - 20_000)))
             full = all(one_error_line(run_cli(*args, env=env), 74) for args in
                        (["base", "add", str(bench.tiny_base), "--name", "copy"], ["rm", "p0"]))
+            fill_disk(small)   # not a byte left: reads need none (SQLite's WAL index then lives in memory)
+            reads = all(run_cli(*args, env=env).returncode == 0 for args in
+                        (["list"], ["pool", "check"], ["run", "p0", "hi", "--max-tokens", "2"]))
+            write = one_error_line(run_cli("rm", "p0", env=env), 74)
             (small / "filler").unlink()
             consistent = run_cli("pool", "check", env=env).returncode == 0
             case("full disk: the margin check and a write that meets it, one line each; pool consistent",
                  margin and full and consistent)
+            case("disk full to the last byte: reads work in-process, a write is one line", reads and write and consistent)
+    if not quick:   # converting the default base takes ~30 s a time
+        with mounted(["-t", "tmpfs", "-o", "size=40m", "tmpfs"], bench.root / "disk" / "no-room-for-the-base") as small:
+            if small is not None:
+                config_path = bench.root / "disk" / "default-registry.toml"   # `writer` is on the default base
+                write_config(config_path, DEFAULT_CONFIG)
+                home = small / "home"
+                env = {**bench.env(), "ZENEDGE_HOME": str(home), "ZENEDGE_CONFIG": str(config_path),
+                       "ZENEDGE_KEEP_ALIVE": "0"}
+                local = one_error_line(run_cli("pull", "writer", env=env), 74)
+                daemon = ProcessDaemon.start(home, config_path)
+                try:
+                    through = one_error_line(run_cli("pull", "writer", env=env), 74)
+                finally:
+                    daemon.signal(signal.SIGTERM)
+                    daemon.wait(60)
+                left = [p for p in (home / "tmp").rglob("*") if not p.is_dir()] + list((home / "bases").iterdir())
+                consistent = run_cli("pool", "check", env=env).returncode == 0 and not left
+                case("full disk while the default base is converted: one line in-process and through the daemon, "
+                     "no base left", local and through and consistent)
     return tally
 
 
@@ -538,6 +579,11 @@ def cli_cases(bench: Bench) -> list[tuple[str, list[str], int, dict]]:
     truncated = Path(write_lora_dir(root / "truncated", tiny_module_shapes(bench.tiny_base)))
     weights = truncated / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
+    fifo_weights = root / "fifo-weights"
+    if not fifo_weights.exists():   # (writing the weights again would open the FIFO and block)
+        write_lora_dir(fifo_weights, tiny_module_shapes(bench.tiny_base))
+        (fifo_weights / "adapter_model.safetensors").unlink()
+        os.mkfifo(fifo_weights / "adapter_model.safetensors")
     pickled = Path(write_lora_dir(root / "pickled", tiny_module_shapes(bench.tiny_base)))
     (pickled / "adapter_model.bin").write_bytes(b"\x80\x04pickle")
     odd_targets = Path(write_lora_dir(root / "odd-targets", tiny_module_shapes(bench.tiny_base)))
@@ -566,6 +612,7 @@ def cli_cases(bench: Bench) -> list[tuple[str, list[str], int, dict]]:
         ("import: --eval /etc/passwd", ["import", variant, "--name", "x", *tiny, "--eval", "/etc/passwd"], 2, {}),
         ("import: truncated weights", ["import", str(truncated), "--name", "x", *tiny], 2, {}),
         ("import: pickle", ["import", str(pickled), "--name", "x", *tiny], 2, {}),
+        ("import: weights a FIFO", ["import", str(fifo_weights), "--name", "x", *tiny], 2, {}),
         ("import: targets the base lacks", ["import", str(odd_targets), "--name", "x", *tiny], 2, {}),
         ("rm: unknown", ["rm", "ghost"], 1, {}),
         ("rm: ../x", ["rm", "../x"], 2, {}),

@@ -87,14 +87,14 @@ def test_version_and_help_answer(isolated_home):
         assert command in help_text
 
 
-def test_pool_check_exits_1_when_the_pool_is_inconsistent(isolated_home, tiny_base_dir, lora_factory):
+def test_pool_check_exits_65_when_the_pool_is_inconsistent(isolated_home, tiny_base_dir, lora_factory):
     setup_base(isolated_home, tiny_base_dir)
     run_cli("import", str(lora_factory(seed=5)), "--name", "writer", "--base", "tiny", check=True)
     assert run_cli("pool", "check").returncode == 0
     [blob] = list((isolated_home / "blobs").iterdir())
     blob.unlink()
     result = run_cli("pool", "check")
-    assert result.returncode == 1 and "missing blob" in result.stdout
+    assert result.returncode == 65 and "missing blob" in result.stdout   # README: 65 is damaged data
 
 
 def one_error_line(result, code: int) -> str:

@@ -89,3 +89,34 @@ def test_faults_of_the_machine_become_one_line_errors_with_their_own_codes():
     assert from_environment(sqlite3.OperationalError("database is locked")).code == "store_busy"
     assert from_environment(ValueError("a bug")) is None            # a bug keeps its traceback
     assert from_environment(OSError("no errno")) is None
+
+
+def test_a_write_failed_inside_a_rust_library_is_the_disk_fault_it_wraps(tmp_path):
+    """Regression: the first `zenedge pull` converts the default base, and on a full disk
+    safetensors' `save_file` (Rust) raised its own SafetensorError ("... No space left on device
+    (os error 28)"): a traceback in-process, "internal error" through the daemon, instead of the
+    README's exit 74. A file size limit makes the kernel refuse the same real write (EFBIG, as a
+    quota does) without needing a mount; the child process ignores SIGXFSZ so the write fails
+    instead of killing it."""
+    code = f"""
+import resource, signal
+import numpy as np
+from safetensors.numpy import save_file
+from zenedge.errors import from_environment
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    save_file({{"w": np.zeros(1 << 16, dtype=np.float32)}}, {str(tmp_path / "w.safetensors")!r})
+except Exception as exc:
+    fault = from_environment(exc)
+    print(type(exc).__name__, isinstance(exc, OSError), fault.code, fault.exit_code, fault.http_status)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["SafetensorError", "False", "storage_full", "74", "507"]
+    assert from_environment_of("Error while serializing: I/O error: Input/output error (os error 5)") == "storage_error"
+    assert from_environment_of("a bug mentioning no OS error") is None
+
+
+def from_environment_of(text: str) -> str | None:
+    fault = errors.from_environment(RuntimeError(text))
+    return fault.code if fault else None

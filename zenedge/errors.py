@@ -254,13 +254,23 @@ def from_environment(exc: BaseException) -> ZenedgeError | None:
     someone else, a damaged SQLite file) as the one-line error a user can act on, with its own exit
     code and HTTP status; None for anything else (a bug: the CLI shows its traceback, the daemon
     logs it). The CLI's entry point and the daemon's error handler both ask here."""
+    import os
+    import re
     import sqlite3
 
     if isinstance(exc, ZenedgeError):
         return exc
     if isinstance(exc, sqlite3.Error):
         return _from_sqlite(exc)
-    if not isinstance(exc, OSError) or exc.errno is None:
+    if not isinstance(exc, OSError):
+        # Libraries written in Rust (safetensors' SafetensorError, tokenizers) raise their own
+        # types for a failed read or write, whose text ends with Rust's "(os error N)": the same
+        # fault as the OSError it wraps (a full disk while the default base is converted).
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        if found is None:
+            return None
+        exc = OSError(int(found[1]), os.strerror(int(found[1])))
+    if exc.errno is None:
         return None
     where = f": {exc.filename}" if exc.filename else ""
     if exc.errno in _FULL:

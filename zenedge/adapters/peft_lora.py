@@ -14,6 +14,7 @@ from pathlib import Path
 
 from zenedge.adapters.safetensors_file import SafetensorsHeader, check_finite, read_header
 from zenedge.errors import InvalidAdapter
+from zenedge.files import regular_file
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -45,8 +46,9 @@ class LoraAdapter:
 
 def _load_config(directory: Path) -> dict:
     path = directory / CONFIG_NAME
-    if not path.is_file():
+    if not path.exists():
         raise InvalidAdapter(f"{directory}: no {CONFIG_NAME} (expected a PEFT LoRA directory from save_pretrained)")
+    regular_file(path, "adapter config")
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise InvalidAdapter(f"{path}: implausibly large ({path.stat().st_size} bytes)")
     try:
@@ -83,8 +85,9 @@ def read_lora_dir(directory: Path, base_modules: dict[str, tuple[int, int]] | No
         )
     config = _load_config(directory)
     weights = directory / WEIGHTS_NAME
-    if not weights.is_file():
+    if not weights.exists():
         raise InvalidAdapter(f"{directory}: no {WEIGHTS_NAME}")
+    regular_file(weights, "adapter weights")   # a FIFO would block the read; say what it is instead
     header = read_header(weights)
     modules = _modules(header, config)
     if base_modules is not None:

@@ -139,7 +139,7 @@ def _short(detail) -> str:
 @click.option("--deep", is_flag=True, help="Also re-hash the bases' weights in full.")
 @json_option
 def check_cmd(deep: bool, json_out: bool) -> None:
-    """Verify the pool's invariants; exit 1 if any is broken."""
+    """Verify the pool's invariants; exit 65 (damaged data) if any is broken."""
     cfg = load_config()
     store = open_store()
     problems = store.check(budget=cfg.budget)
@@ -157,8 +157,13 @@ def check_cmd(deep: bool, json_out: bool) -> None:
         click.echo("ok: the pool is consistent")
     if not json_out and (partials["count"] or partials["active"]):
         click.echo(f"note: {_partials_line(partials)}")
-    if problems:
-        raise click.exceptions.Exit(1)
+    if problems:   # the README's exit table: 65 is damaged data, with its one `error:` line
+        from zenedge.errors import StoreCorrupt
+
+        count = f"{len(problems)} problem{'s' if len(problems) > 1 else ''}"
+        raise StoreCorrupt(f"the pool check found {count} ({'in the JSON' if json_out else 'listed above'})",
+                           hint="`zenedge pull NAME` stores a damaged profile again, `zenedge pool gc` removes "
+                                "leftovers, `zenedge pool recover` rebuilds a damaged index")
 
 
 @pool.command("recover")

@@ -9,12 +9,13 @@ eviction ("evict"), or a refusal.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from zenedge.adapters.peft_lora import read_lora_dir
+from zenedge.adapters.peft_lora import CONFIG_NAME, WEIGHTS_NAME, read_lora_dir
 from zenedge.adapters.targets import is_servable
 from zenedge.bases import ensure_base, identities
 from zenedge.digests import file_sha256
@@ -39,12 +40,17 @@ LEAST_LOSS_OPTIONS = 2   # refused merges least-loss admission measures in full 
 
 def check_source(path: Path) -> None:
     """Refuse a missing adapter path, or one that is neither a directory nor a regular file (a
-    FIFO would block the reader), before anything slow (the default base's first-use set-up)."""
+    FIFO would block the reader), nor a directory whose PEFT files are not regular files, before
+    anything slow (the default base's first-use set-up)."""
     hint = "give a PEFT LoRA directory or a .bitdelta file"
     if not Path(path).exists():
         raise InvalidInput(f"{path}: no such file or directory", hint=hint)
     if not Path(path).is_dir():
         regular_file(Path(path), "adapter file", hint=hint)
+        return
+    for name in (CONFIG_NAME, WEIGHTS_NAME):   # a missing one: read_lora_dir says what is expected
+        if os.path.lexists(Path(path) / name):
+            regular_file(Path(path) / name, "adapter file", hint=hint)
 
 
 def check_eval_set(path: Path | None) -> Path | None:

@@ -14,7 +14,9 @@ LoRAX, Ray Serve LLM all take one PEFT directory per adapter).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -128,10 +130,37 @@ def export(store: Store, dest: Path, names: list[str] | None = None, *, format: 
     for name in wanted:  # every name resolved before anything is written
         by_adapter.setdefault(store.resolve(name)["id"], []).append(name)
     try:
-        return _write(store, dest, by_adapter, format, bitdelta_as, rank)
+        with _undone_on_failure(dest):
+            return _write(store, dest, by_adapter, format, bitdelta_as, rank)
     except OSError as exc:  # a destination we cannot write (read-only, not a directory, disk full)
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(dest) else ""
         raise ZenedgeError(f"cannot write the export to {dest}: {exc.strerror or exc}{where}") from None
+
+
+@contextmanager
+def _undone_on_failure(dest: Path) -> Iterator[None]:
+    """A failed (or interrupted) export leaves nothing it created: `dest` with the parents it had
+    to make, or, in a folder that was already there, the entries it added. Nothing that existed
+    before is deleted (a file it overwrote in such a folder stays overwritten)."""
+    made = None   # the topmost folder of `dest` that does not exist yet
+    for folder in (dest, *dest.parents):
+        if os.path.lexists(folder):
+            break
+        made = folder
+    before = set(os.listdir(dest)) if made is None and dest.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        with suppress(OSError):   # the export's own error is the one to report
+            if made is not None:
+                shutil.rmtree(made)
+            elif before is not None:
+                for added in (dest / name for name in set(os.listdir(dest)) - before):
+                    if added.is_dir() and not added.is_symlink():
+                        shutil.rmtree(added)
+                    else:
+                        added.unlink()
+        raise
 
 
 def _write(store: Store, dest: Path, by_adapter: dict[str, list[str]], format: str, bitdelta_as: str,

@@ -88,6 +88,8 @@ class Usage:
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
+# SQLite's errors for a -shm file it cannot create, grow or map (a full disk, no inodes left)
+_NO_SHARED_MEMORY = {"SQLITE_IOERR_SHMOPEN", "SQLITE_IOERR_SHMSIZE", "SQLITE_IOERR_SHMMAP"}
 
 
 class Store:
@@ -162,11 +164,27 @@ class Store:
             if self.read_only:   # no -wal/-shm files can be made: read the file as it is
                 conn = sqlite3.connect(f"{self.path.absolute().as_uri()}?immutable=1", uri=True, timeout=10.0)
             else:
-                conn = sqlite3.connect(self.path, timeout=10.0)
-                conn.execute("PRAGMA journal_mode=WAL")      # readers never block the writer
+                conn = self._connect()
                 conn.execute("PRAGMA synchronous=FULL")      # a commit survives power loss
             conn.execute("PRAGMA foreign_keys=ON")
             self._local.conn = conn
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=10.0)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")          # readers never block the writer
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if getattr(exc, "sqlite_errorname", None) not in _NO_SHARED_MEMORY:
+                raise
+        # A disk too full for the WAL's shared-memory index (the 32 KiB -shm file): with the file
+        # locked exclusively, SQLite keeps that index in this process's memory instead, so reads
+        # (and any write that fits) still work on a full disk; other processes wait meanwhile.
+        conn = sqlite3.connect(self.path, timeout=10.0)
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        conn.execute("PRAGMA journal_mode=WAL")
         return conn
 
     @property
