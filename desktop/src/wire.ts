@@ -76,6 +76,10 @@ export interface ChatCompletionRequest {
   /** default 1; 0 = greedy */
   temperature?: number | null;
   top_p?: number | null;
+  /** subtracted from a token's logit once it is in the answer */
+  presence_penalty?: number | null;
+  /** subtracted once per time a token is in the answer */
+  frequency_penalty?: number | null;
   max_tokens?: number | null;
   seed?: number | null;
   stop?: string | Array<string> | null;
@@ -89,8 +93,10 @@ export interface ChatCompletionRequest {
 }
 
 export interface ChatMessage {
-  role: "system" | "user" | "assistant";
-  content: string | Array<TextPart>;
+  /** "developer" is OpenAI's newer name for "system" and renders as one */
+  role: "system" | "developer" | "user" | "assistant";
+  /** null only for an assistant turn (read as empty) */
+  content?: string | Array<TextPart> | null;
 }
 
 export interface ChunkChoice {
@@ -126,6 +132,10 @@ export interface CompletionRequest {
   /** default 1; 0 = greedy */
   temperature?: number | null;
   top_p?: number | null;
+  /** subtracted from a token's logit once it is in the answer */
+  presence_penalty?: number | null;
+  /** subtracted once per time a token is in the answer */
+  frequency_penalty?: number | null;
   max_tokens?: number | null;
   seed?: number | null;
   stop?: string | Array<string> | null;
@@ -206,8 +216,8 @@ export interface EmbeddingRequest {
   model: string;
   /** text, or a list of texts (token ids are refused: they belong to another tokenizer) */
   input: string | Array<string>;
-  /** base64: each vector as little-endian float32 bytes (what OpenAI's SDKs ask for) */
-  encoding_format?: "float" | "base64";
+  /** base64: each vector as little-endian float32 bytes (what OpenAI's SDKs ask for); null: float */
+  encoding_format?: "float" | "base64" | null;
   /** keep the first N dimensions, re-normalised (at most the model's width) */
   dimensions?: number | null;
 }
@@ -358,7 +368,8 @@ export interface OllamaEmbedRequest {
   /** cut inputs longer than the limit (false: refuse them) */
   truncate?: boolean;
   dimensions?: number | null;
-  options?: OllamaOptions | null;
+  /** runner and sampling settings: an embedding depends on neither, so all are accepted */
+  options?: { [key: string]: unknown } | null;
   keep_alive?: number | string | null;
 }
 
@@ -375,7 +386,8 @@ export interface OllamaEmbedResponse {
 export interface OllamaEmbeddingsRequest {
   model: string;
   prompt?: string;
-  options?: OllamaOptions | null;
+  /** runner and sampling settings: an embedding depends on neither, so all are accepted */
+  options?: { [key: string]: unknown } | null;
   keep_alive?: number | string | null;
 }
 
@@ -463,7 +475,7 @@ export interface OllamaModelDetails {
   quantization_level: string;
 }
 
-/** The `options` zenedge honours; others (num_ctx, top_k, repeat_penalty, …) are ignored, as Ollama ignores options its runner does not use. */
+/** The `options` zenedge honours. The others: the runner's (num_ctx, num_thread, …) are accepted, since zenedge sizes its own; samplers zenedge lacks (top_k, repeat_penalty, …) only at their "off" value (fields.OLLAMA_OPTIONS). */
 export interface OllamaOptions {
   /** tokens to generate; absent, 0, -1 or -2: the default cap (256) */
   num_predict?: number | null;
@@ -471,6 +483,16 @@ export interface OllamaOptions {
   temperature?: number | null;
   /** default 0.9 */
   top_p?: number | null;
+  /** keep the k likeliest tokens; default 0 (off) */
+  top_k?: number | null;
+  /** drop tokens less likely than min_p times the likeliest; default 0 (off) */
+  min_p?: number | null;
+  /** divides the logit of a token seen in the last repeat_last_n; default 1 (off) */
+  repeat_penalty?: number | null;
+  /** default 64; -1: the whole context */
+  repeat_last_n?: number | null;
+  presence_penalty?: number | null;
+  frequency_penalty?: number | null;
   seed?: number | null;
   stop?: Array<string> | null;
 }

@@ -138,7 +138,8 @@ def test_embedding_errors(client):
         client.embeddings.create(model="p0", input="x" * 129)
     with pytest.raises(openai.BadRequestError, match="empty"):
         client.embeddings.create(model="p0", input="")
-    with pytest.raises(openai.UnprocessableEntityError):  # token ids belong to another tokenizer
-        client.embeddings.create(model="p0", input=[[1, 2, 3]])
+    for ids in ([[1, 2, 3]], [5, 6]):  # token ids belong to the client's tokenizer (tiktoken's), not the model's
+        with pytest.raises(openai.BadRequestError, match="`input` holds token ids"):
+            client.embeddings.create(model="p0", input=ids)
     with pytest.raises(openai.UnprocessableEntityError):  # too many inputs
         client.embeddings.create(model="p0", input=["x"] * 257)

@@ -1,15 +1,15 @@
 """The wire contract: every request and response body the daemon speaks.
 
 Three families:
-- OpenAI-compatible (`/v1/*`): requests are lenient (unknown fields ignored, because SDKs send
-  parameters we do not use); `n` is pinned to 1 so a request for several choices is refused
-  rather than silently answered with one.
+- OpenAI-compatible (`/v1/*`) and Ollama-compatible (`/api/tags`, `/api/chat`, … : the `Ollama*`
+  types): nothing is ignored silently. A field the model declares is honoured; any other field
+  the official clients send is accepted only where it cannot change the answer, or at the value
+  that asks for nothing (`tools: []`, `top_k: 0`), and refused with a 400 naming it otherwise
+  (the rules, field by field: fields.py). `n` is pinned to 1. Declared fields whose meaning
+  zenedge cannot honour (images, tools, structured `format`) are refused by the routes.
+  `/api/pull` and `/api/ps` serve both the native and Ollama's shape in one body.
 - Native (`/api/*`): requests are strict (an unknown field is a 422, so a typo never falls back
   to a default).
-- Ollama-compatible (`/api/tags`, `/api/chat`, … : the `Ollama*` types): lenient like Ollama
-  itself; fields whose meaning zenedge cannot honour (images, tools, structured `format`) are
-  refused by the routes rather than ignored. `/api/pull` and `/api/ps` serve both the native
-  and Ollama's shape in one body.
 
 Errors: `{"error": {"code", "message", "hint"?}}` (ErrorBody), with `code` taken from
 zenedge.errors; the Ollama-only routes answer Ollama's `{"error": "message"}` (OllamaError), as
@@ -19,9 +19,12 @@ follow OpenAI and Ollama where a user would know them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from zenedge.api import fields
+from zenedge.errors import InvalidInput
 
 MAX_TOKENS = 65536  # SamplingParams' own limit
 MAX_EMBEDDING_INPUTS = 256  # texts per embedding request (each also bounded in tokens: runtime/embed.py)
@@ -63,6 +66,21 @@ class Lenient(BaseModel):
         return _no_lone_surrogates(data)
 
 
+class Honoured(Lenient):
+    """A request of the OpenAI or Ollama dialect: a field it does not declare gets through only if
+    `unhonoured` (a table of fields.py) accepts its value; it is then dropped. `where` prefixes the
+    field's name in the error (a nested object's path)."""
+
+    unhonoured: ClassVar[dict[str, fields.Rule]] = {}
+    where: ClassVar[str] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nothing_ignored(cls, data: Any) -> Any:
+        fields.check(data, set(cls.model_fields), cls.unhonoured, cls.where)
+        return data
+
+
 class Reply(BaseModel):
     """A response body whose fields are always sent, defaults included (so the schema says required)."""
 
@@ -81,32 +99,53 @@ class ErrorBody(BaseModel):
 
 
 # -- OpenAI-compatible requests ---------------------------------------------------------------------
-class TextPart(Lenient):
+class TextPart(Honoured):
+    where = "messages[].content[]."
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(Lenient):
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
+class ChatMessage(Honoured):
+    unhonoured = fields.OPENAI_MESSAGE
+    where = "messages[]."
+    role: Literal["system", "developer", "user", "assistant"] = Field(
+        description='"developer" is OpenAI\'s newer name for "system" and renders as one')
+    content: str | list[TextPart] | None = Field(None, description="null only for an assistant turn (read as empty)")
+
+    @model_validator(mode="after")
+    def _content_given(self) -> "ChatMessage":
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs `content`")
+        return self
+
+    @property
+    def template_role(self) -> str:
+        return "system" if self.role == "developer" else self.role
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class StreamOptions(Lenient):
+class StreamOptions(Honoured):
+    unhonoured = fields.OPENAI_STREAM_OPTIONS
+    where = "stream_options."
     include_usage: bool = False
 
 
 StopStrings = Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=16)]
 TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
-class SamplingFields(Lenient):
+class SamplingFields(Honoured):
     model: str = Field(min_length=1, max_length=256, description="a profile in the pool or a base name")
     # Up to 100 like the engine (OpenAI stops at 2): `zenedge run` behaves the same with or without a daemon.
     temperature: Annotated[float, Field(ge=0, le=100)] | None = Field(None, description="default 1; 0 = greedy")
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    presence_penalty: Penalty | None = Field(None, description="subtracted from a token's logit once it is in the answer")
+    frequency_penalty: Penalty | None = Field(None, description="subtracted once per time a token is in the answer")
     max_tokens: TokenCount | None = None
     seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
     stop: Annotated[str, Field(min_length=1, max_length=256)] | StopStrings | None = None
@@ -116,11 +155,13 @@ class SamplingFields(Lenient):
 
 
 class ChatCompletionRequest(SamplingFields):
+    unhonoured = fields.OPENAI_CHAT
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenCount | None = Field(None, description="preferred over max_tokens")
 
 
 class CompletionRequest(SamplingFields):
+    unhonoured = fields.OPENAI_COMPLETION
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
                                                             Field(min_length=1, max_length=1)]
 
@@ -213,14 +254,34 @@ EmbeddingText = Annotated[str, Field(max_length=1 << 20)]
 EmbeddingInputs = Annotated[list[EmbeddingText], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
 
 
-class EmbeddingRequest(Lenient):
+class EmbeddingRequest(Honoured):
+    unhonoured = fields.OPENAI_EMBEDDING
     model: str = Field(min_length=1, max_length=256, description="a profile in the pool or a base name")
     input: EmbeddingText | EmbeddingInputs = Field(description="text, or a list of texts (token ids are refused: "
                                                                "they belong to another tokenizer)")
-    encoding_format: Literal["float", "base64"] = Field(
-        "float", description="base64: each vector as little-endian float32 bytes (what OpenAI's SDKs ask for)")
+    encoding_format: Literal["float", "base64"] | None = Field(
+        "float", description="base64: each vector as little-endian float32 bytes (what OpenAI's SDKs ask for); "
+                             "null: float")
     dimensions: Annotated[int, Field(ge=1)] | None = Field(
         None, description="keep the first N dimensions, re-normalised (at most the model's width)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_not_token_ids(cls, data: Any) -> Any:
+        if isinstance(data, dict) and _token_ids(data.get("input")):
+            raise InvalidInput(
+                "`input` holds token ids; zenedge embeds text only: ids come from the client's tokenizer "
+                "(tiktoken's, for langchain-openai), not the model's",
+                hint="send the texts (langchain-openai: OpenAIEmbeddings(check_embedding_ctx_length=False))")
+        return data
+
+
+def _token_ids(value: Any) -> bool:
+    """OpenAI's `input` as token ids: a list of ints, or a list of such lists."""
+    if not isinstance(value, list) or not value:
+        return False
+    first = value[0][0] if isinstance(value[0], list) and value[0] else value[0]
+    return isinstance(first, int) and not isinstance(first, bool)
 
 
 class Embedding(Reply):
@@ -550,19 +611,31 @@ class MaintainResult(BaseModel):
 KeepAlive = float | Annotated[str, Field(max_length=32)]
 
 
-class OllamaOptions(Lenient):
-    """The `options` zenedge honours; others (num_ctx, top_k, repeat_penalty, …) are ignored, as
-    Ollama ignores options its runner does not use."""
+class OllamaOptions(Honoured):
+    """The `options` zenedge honours. The others: the runner's (num_ctx, num_thread, …) are
+    accepted, since zenedge sizes its own; samplers zenedge lacks (top_k, repeat_penalty, …) only
+    at their "off" value (fields.OLLAMA_OPTIONS)."""
+
+    unhonoured = fields.OLLAMA_OPTIONS
+    where = "options."
 
     num_predict: Annotated[int, Field(ge=-2, le=MAX_TOKENS)] | None = Field(
         None, description="tokens to generate; absent, 0, -1 or -2: the default cap (256)")
     temperature: Annotated[float, Field(ge=0, le=100)] | None = Field(None, description="default 0.8; 0 = greedy")
     top_p: Annotated[float, Field(gt=0, le=1)] | None = Field(None, description="default 0.9")
+    top_k: Annotated[int, Field(ge=0)] | None = Field(None, description="keep the k likeliest tokens; default 0 (off)")
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="drop tokens less likely than min_p times the likeliest; default 0 (off)")
+    repeat_penalty: Annotated[float, Field(gt=0, le=100)] | None = Field(
+        None, description="divides the logit of a token seen in the last repeat_last_n; default 1 (off)")
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = Field(None, description="default 64; -1: the whole context")
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
     stop: StopStrings | None = None
 
 
-class OllamaGenerationFields(Lenient):
+class OllamaGenerationFields(Honoured):
     model: str = Field(min_length=1, max_length=256, description="a profile or a base (`NAME:latest` = NAME)")
     stream: bool = Field(True, description="NDJSON lines (Ollama's default); false: one JSON object")
     options: OllamaOptions | None = None
@@ -573,18 +646,22 @@ class OllamaGenerationFields(Lenient):
     think: bool | str | None = Field(None, description="thinking is not supported: true is refused")
 
 
-class OllamaMessage(Lenient):
+class OllamaMessage(Honoured):
+    unhonoured = fields.OLLAMA_MESSAGE
+    where = "messages[]."
     role: Literal["system", "user", "assistant"]
     content: str = ""
     images: list[str] | None = Field(None, description="refused when not empty: no vision models")
 
 
 class OllamaChatRequest(OllamaGenerationFields):
+    unhonoured = fields.OLLAMA_CHAT
     messages: list[OllamaMessage] = Field(default_factory=list, description="empty: load the model and return")
     tools: list[dict[str, Any]] | None = Field(None, description="refused when not empty")
 
 
 class OllamaGenerateRequest(OllamaGenerationFields):
+    unhonoured = fields.OLLAMA_GENERATE
     prompt: str = Field("", description="templated as one user turn (unless raw); empty: load the model and return")
     system: str | None = None
     raw: bool = Field(False, description="send the prompt as it is, without the chat template")
@@ -655,7 +732,7 @@ class OllamaTags(Reply):
     models: list[OllamaModel]
 
 
-class OllamaNamed(Lenient):
+class OllamaNamed(Honoured):
     """A request that names a model: `model`, or the older `name`."""
 
     model: str | None = Field(None, min_length=1, max_length=256)
@@ -707,12 +784,13 @@ class OllamaVersion(Reply):
     version: str = Field(description="zenedge's version")
 
 
-class OllamaEmbedRequest(Lenient):
+class OllamaEmbedRequest(Honoured):
     model: str = Field(min_length=1, max_length=256)
     input: EmbeddingText | EmbeddingInputs = Field(description='text or texts; "" alone: load the model, no vectors')
     truncate: bool = Field(True, description="cut inputs longer than the limit (false: refuse them)")
     dimensions: Annotated[int, Field(ge=1)] | None = None
-    options: OllamaOptions | None = None
+    options: dict[str, Any] | None = Field(None, description="runner and sampling settings: an embedding "
+                                                            "depends on neither, so all are accepted")
     keep_alive: KeepAlive | None = None
 
 
@@ -724,12 +802,13 @@ class OllamaEmbedResponse(Reply):
     prompt_eval_count: int
 
 
-class OllamaEmbeddingsRequest(Lenient):
+class OllamaEmbeddingsRequest(Honoured):
     """The older /api/embeddings (what Hanzo/Shinkai nodes send): one prompt, one vector."""
 
     model: str = Field(min_length=1, max_length=256)
     prompt: EmbeddingText = ""
-    options: OllamaOptions | None = None
+    options: dict[str, Any] | None = Field(None, description="runner and sampling settings: an embedding "
+                                                            "depends on neither, so all are accepted")
     keep_alive: KeepAlive | None = None
 
 

@@ -27,6 +27,7 @@ from zenedge.errors import ContextLengthExceeded, InvalidInput
 from zenedge.runtime.decode import Stepper, open_stepper
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
+from zenedge.runtime.sampling import Sampler, SamplingParams
 from zenedge.runtime.variants import Variant
 
 
@@ -34,25 +35,6 @@ from zenedge.runtime.variants import Variant
 # smaller one lets other rows decode more often during a long prefill for little loss; the chunks
 # are counted from the row's own start, so they are the same alone as in a batch.
 PREFILL_CHUNK = 256
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 0.0       # 0 = greedy
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        if not 1 <= self.max_tokens <= 1 << 16:
-            raise InvalidInput(f"max_tokens must be between 1 and 65536, got {self.max_tokens}")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise InvalidInput(f"temperature must be between 0 and 100, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidInput(f"top_p must be in (0, 1], got {self.top_p}")
-        if len(self.stop) > 16 or any(not s or len(s) > 256 for s in self.stop):
-            raise InvalidInput("stop: at most 16 non-empty strings of at most 256 characters")
 
 
 @dataclass
@@ -105,11 +87,7 @@ class _Row:
         self.ids: list[int] = []
         self.emitted = 0          # characters of the decoded text already streamed
         self.done = False
-        self.generator = None
-        if self.params.temperature > 0:
-            self.generator = torch.Generator(device="cpu")
-            self.generator.manual_seed(self.params.seed if self.params.seed is not None
-                                       else int(torch.randint(0, 2**62, (1,)).item()))
+        self.sampler = Sampler(self.params)
         self.hold = max((len(s) for s in self.params.stop), default=1) - 1
 
     @property
@@ -124,16 +102,7 @@ class _Row:
         return self.prompt[self.prefilled:self.prefilled + PREFILL_CHUNK]
 
     def choose(self, logits: torch.Tensor) -> int:
-        # logits: [V] fp32 for this row's last position
-        if self.generator is None:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float().cpu() / self.params.temperature, dim=-1)
-        if self.params.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_probs, 0) - sorted_probs < self.params.top_p  # always keeps the top token
-            sorted_probs = sorted_probs * keep
-            return int(order[torch.multinomial(sorted_probs, 1, generator=self.generator)])
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return self.sampler.choose(logits, self.prompt, self.ids)
 
     def take(self, token: int) -> Delta:
         """The row's next token: its delta, and the token the next step feeds (None when done)."""
@@ -274,9 +243,9 @@ class _Rows:
             return []
         logits = self.model.step([row.pending if on else self.pad for row, on in zip(self.slots, live)], live)
         greedy = None
-        if any(on and row.generator is None for row, on in zip(self.slots, live)):
+        if any(on and row.sampler.plain_greedy for row, on in zip(self.slots, live)):
             greedy = logits.argmax(dim=-1).tolist()
-        return [row.take(greedy[slot] if row.generator is None else row.choose(logits[slot]))
+        return [row.take(greedy[slot] if row.sampler.plain_greedy else row.choose(logits[slot]))
                 for slot, (row, on) in enumerate(zip(self.slots, live)) if on]
 
     def _prefill(self) -> list[Delta]:

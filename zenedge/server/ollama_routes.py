@@ -7,13 +7,17 @@ The mapping:
 - `model` is a profile or a base, as on /v1; `NAME:latest` means NAME (zenedge names have no tags).
 - Generation goes through the same scheduler as /v1 (batching, cancellation, queue limits).
   `options`: num_predict → max tokens (absent or ≤ 0: the /v1 default, 256, where Ollama would run
-  to the end of the context), temperature and top_p (Ollama's defaults 0.8 and 0.9), seed, stop.
+  to the end of the context), temperature and top_p (Ollama's defaults 0.8 and 0.9), seed, stop,
+  top_k, min_p, repeat_penalty and repeat_last_n, presence and frequency penalties (runtime/
+  sampling.py; each off unless sent). The runner's settings (num_ctx, num_thread, …) are accepted
+  and left to zenedge; samplers zenedge lacks (mirostat, typical_p, tfs_z) only at their "off"
+  value; any other field is refused, naming it (api/fields.py).
 - `keep_alive: 0` drops the profile's variant from the delta cache when the request ends; other
   values leave it to the cache's own policy (rate-weighted LRU). The base always stays resident.
 - An empty prompt (or no messages, or an empty embedding input) loads the model and returns
   (`done_reason: "load"`; with keep_alive 0, `"unload"`), as Ollama does.
 - What zenedge cannot honour (images, tools, structured `format`, thinking, suffix, custom
-  templates, a `context` to continue) is refused with a 400 rather than silently ignored.
+  templates, a `context` to continue, logprobs) is refused with a 400 rather than silently ignored.
 - Streams are NDJSON, Ollama's default. Errors are Ollama's `{"error": "message"}` with the
   daemon's statuses (400 bad request, 404 unknown model, 503 queue full); the security middleware's
   own refusals (401, 403, 413) keep zenedge's body, as on every route.
@@ -129,6 +133,12 @@ def sampling(options: wire.OllamaOptions | None) -> SamplingParams:
         top_p=TOP_P if o.top_p is None else o.top_p,
         seed=o.seed,
         stop=tuple(o.stop or ()),
+        top_k=o.top_k or 0,
+        min_p=o.min_p or 0.0,
+        repeat_penalty=1.0 if o.repeat_penalty is None else o.repeat_penalty,
+        repeat_last_n=64 if o.repeat_last_n is None else o.repeat_last_n,
+        presence_penalty=o.presence_penalty or 0.0,
+        frequency_penalty=o.frequency_penalty or 0.0,
     )
 
 

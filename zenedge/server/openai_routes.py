@@ -1,7 +1,11 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings.
+"""OpenAI-compatible endpoints: /v1/models (and /v1/models/{id}), /v1/chat/completions,
+/v1/completions, /v1/embeddings.
 
 `model` is a profile in the pool or a base name. Sampling follows OpenAI's defaults (temperature 1,
-top_p 1); `max_completion_tokens` wins over `max_tokens`. Streams are server-sent events ending
+top_p 1, no penalties); `max_completion_tokens` wins over `max_tokens`. No field is ignored
+silently: the SDK's parameters zenedge does not honour are accepted only at a value that asks for
+nothing (`tools: []`) or where they cannot change the answer (`user`), else refused with a 400
+naming the field (api/fields.py). `developer` messages render as `system`. Streams are server-sent events ending
 with `data: [DONE]`; with `stream_options.include_usage` a last chunk without choices carries the
 usage, as OpenAI sends it. Embeddings are unit vectors from the resident base with the profile's
 variant applied (runtime/embed.py), as floats or, as OpenAI's SDKs ask by default, base64.
@@ -19,6 +23,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from zenedge.api import wire
+from zenedge.errors import AdapterNotFound
 from zenedge.runtime.embed import Embedder
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
@@ -44,6 +49,8 @@ def sampling(body: wire.SamplingFields, max_tokens: int | None) -> SamplingParam
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
         stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
     )
 
 
@@ -64,10 +71,14 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     async def models() -> wire.ModelList:
         return await run_in_threadpool(_models, state)
 
+    @api.get("/models/{model:path}", response_model=wire.ModelCard)
+    async def model(model: str) -> wire.ModelCard:
+        return await run_in_threadpool(_model, state, model)
+
     @api.post("/chat/completions", response_model=wire.ChatCompletion, responses=stream_doc("ChatCompletionChunk"))
     async def chat_completions(body: wire.ChatCompletionRequest, request: Request):
         params = sampling(body, body.max_completion_tokens or body.max_tokens)
-        prompt = Prompt(messages=[{"role": m.role, "content": m.text()} for m in body.messages])
+        prompt = Prompt(messages=[{"role": m.template_role, "content": m.text()} for m in body.messages])
         ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         job, prompt_tokens = await submit(request, body.model, prompt, params)
         if body.stream:
@@ -201,4 +212,12 @@ def _models(state: DaemonState) -> wire.ModelList:
     for row in state.store.names():
         cards.append(wire.ModelCard(id=row["name"], created=int(row["created_at"]), kind=row["kind"], base=row["base"]))
     return wire.ModelList(data=cards)
+
+
+def _model(state: DaemonState, model: str) -> wire.ModelCard:
+    """One card of the list, by id (GET /v1/models/{id}, the SDK's `models.retrieve`)."""
+    card = next((card for card in _models(state).data if card.id == model), None)
+    if card is None:
+        raise AdapterNotFound(f"model {model[:80]!r} does not exist", hint="see GET /v1/models")
+    return card
 

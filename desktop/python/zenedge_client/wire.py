@@ -109,6 +109,8 @@ class _ChatCompletionRequestRequired(TypedDict):
 class ChatCompletionRequest(_ChatCompletionRequestRequired, total=False):
     temperature: Union[float, None]
     top_p: Union[float, None]
+    presence_penalty: Union[float, None]
+    frequency_penalty: Union[float, None]
     max_tokens: Union[int, None]
     seed: Union[int, None]
     stop: Union[str, List[str], None]
@@ -119,12 +121,11 @@ class ChatCompletionRequest(_ChatCompletionRequestRequired, total=False):
 
 
 class _ChatMessageRequired(TypedDict):
-    role: Literal['system', 'user', 'assistant']
-    content: Union[str, List["TextPart"]]
+    role: Literal['system', 'developer', 'user', 'assistant']
 
 
 class ChatMessage(_ChatMessageRequired, total=False):
-    pass
+    content: Union[str, List["TextPart"], None]
 
 
 class _ChunkChoiceRequired(TypedDict):
@@ -175,6 +176,8 @@ class _CompletionRequestRequired(TypedDict):
 class CompletionRequest(_CompletionRequestRequired, total=False):
     temperature: Union[float, None]
     top_p: Union[float, None]
+    presence_penalty: Union[float, None]
+    frequency_penalty: Union[float, None]
     max_tokens: Union[int, None]
     seed: Union[int, None]
     stop: Union[str, List[str], None]
@@ -255,7 +258,7 @@ class _EmbeddingRequestRequired(TypedDict):
 
 
 class EmbeddingRequest(_EmbeddingRequestRequired, total=False):
-    encoding_format: Literal['float', 'base64']
+    encoding_format: Union[Literal['float', 'base64'], None]
     dimensions: Union[int, None]
 
 
@@ -444,7 +447,7 @@ class _OllamaEmbedRequestRequired(TypedDict):
 class OllamaEmbedRequest(_OllamaEmbedRequestRequired, total=False):
     truncate: bool
     dimensions: Union[int, None]
-    options: Union["OllamaOptions", None]
+    options: Union[Dict[str, Any], None]
     keep_alive: Union[float, str, None]
 
 
@@ -467,7 +470,7 @@ class _OllamaEmbeddingsRequestRequired(TypedDict):
 
 class OllamaEmbeddingsRequest(_OllamaEmbeddingsRequestRequired, total=False):
     prompt: str
-    options: Union["OllamaOptions", None]
+    options: Union[Dict[str, Any], None]
     keep_alive: Union[float, str, None]
 
 
@@ -563,13 +566,19 @@ class OllamaModelDetails(_OllamaModelDetailsRequired, total=False):
 
 
 class _OllamaOptionsRequired(TypedDict):
-    """The `options` zenedge honours; others (num_ctx, top_k, repeat_penalty, …) are ignored, as Ollama ignores options its runner does not use."""
+    """The `options` zenedge honours. The others: the runner's (num_ctx, num_thread, …) are accepted, since zenedge sizes its own; samplers zenedge lacks (top_k, repeat_penalty, …) only at their "off" value (fields.OLLAMA_OPTIONS)."""
 
 
 class OllamaOptions(_OllamaOptionsRequired, total=False):
     num_predict: Union[int, None]
     temperature: Union[float, None]
     top_p: Union[float, None]
+    top_k: Union[int, None]
+    min_p: Union[float, None]
+    repeat_penalty: Union[float, None]
+    repeat_last_n: Union[int, None]
+    presence_penalty: Union[float, None]
+    frequency_penalty: Union[float, None]
     seed: Union[int, None]
     stop: Union[List[str], None]
 
