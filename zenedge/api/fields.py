@@ -18,6 +18,7 @@ parameter of the official `openai` and `ollama` clients' request types through t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -50,8 +51,6 @@ def refused(why: str) -> Rule:
 
 
 def _shown(value: Any) -> str:
-    import json
-
     return json.dumps(value)
 
 
