@@ -25,6 +25,7 @@ import torch
 
 from zenedge.errors import ContextLengthExceeded, InvalidInput
 from zenedge.runtime.decode import Stepper, open_stepper
+from zenedge.runtime.grammar import GrammarState
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.sampling import Sampler, SamplingParams
@@ -52,7 +53,8 @@ class Delta:
     index: int
     text: str
     token_id: int | None
-    finish_reason: str | None = None   # "stop" (eos or stop string) | "length"
+    finish_reason: str | None = None   # "stop" (eos, stop string, grammar complete) | "length" | "error"
+    error: str | None = None           # with "error": one line saying why the row ended
 
 
 def check_fits(resident: ResidentModel, input_ids: Sequence[int]) -> None:
@@ -88,6 +90,7 @@ class _Row:
         self.emitted = 0          # characters of the decoded text already streamed
         self.done = False
         self.sampler = Sampler(self.params)
+        self.grammar: GrammarState | None = None   # started at the first choice (it needs the logits' width)
         self.hold = max((len(s) for s in self.params.stop), default=1) - 1
 
     @property
@@ -101,19 +104,35 @@ class _Row:
     def next_chunk(self) -> list[int]:
         return self.prompt[self.prefilled:self.prefilled + PREFILL_CHUNK]
 
-    def choose(self, logits: torch.Tensor) -> int:
+    @property
+    def plain_greedy(self) -> bool:
+        """Its token is the argmax of its logits as they come (the loop takes those in one call)."""
+        return self.sampler.plain_greedy and self.params.grammar is None
+
+    def choose(self, logits: torch.Tensor) -> int | None:
+        """The next token, or None when the row's grammar admits none."""
+        if self.params.grammar is not None:
+            if self.grammar is None:
+                width = max(logits.shape[-1], len(self.tokenizer))
+                self.grammar = self.params.grammar.start(self.tokenizer, width, tuple(sorted(self.eos_ids)))
+            logits = self.grammar.mask(logits)
+            if logits is None:
+                return None
         return self.sampler.choose(logits, self.prompt, self.ids)
 
-    def take(self, token: int) -> Delta:
+    def take(self, token: int | None) -> Delta:
         """The row's next token: its delta, and the token the next step feeds (None when done)."""
         delta = self.advance(token)
         self.pending = None if self.done else token
         return delta
 
-    def advance(self, token: int) -> Delta:
+    def advance(self, token: int | None) -> Delta:
         if token in self.eos_ids:
             self.done = True
             return Delta(self.index, self._flush(self._text()), token, "stop")
+        if token is None or (self.grammar is not None and not self.grammar.take(token)):
+            self.done = True                           # its grammar admits no token: this row ends
+            return Delta(self.index, self._flush(self._text()), None, "error", self.grammar.error())
         self.ids.append(token)
         text = self._text()
         for stop in self.params.stop:
@@ -124,6 +143,9 @@ class _Row:
         if len(self.ids) >= self.limit:
             self.done = True
             return Delta(self.index, self._flush(text), token, "length")
+        if self.grammar is not None and self.grammar.complete:   # nothing may follow but EOS
+            self.done = True
+            return Delta(self.index, self._flush(text), token, "stop")
         if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
             return Delta(self.index, "", token)
         safe = max(self.emitted, len(text) - self.hold)  # hold back a possible stop-string prefix
@@ -243,9 +265,9 @@ class _Rows:
             return []
         logits = self.model.step([row.pending if on else self.pad for row, on in zip(self.slots, live)], live)
         greedy = None
-        if any(on and row.sampler.plain_greedy for row, on in zip(self.slots, live)):
+        if any(on and row.plain_greedy for row, on in zip(self.slots, live)):
             greedy = logits.argmax(dim=-1).tolist()
-        return [row.take(greedy[slot] if row.sampler.plain_greedy else row.choose(logits[slot]))
+        return [row.take(greedy[slot] if row.plain_greedy else row.choose(logits[slot]))
                 for slot, (row, on) in enumerate(zip(self.slots, live)) if on]
 
     def _prefill(self) -> list[Delta]:

@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from zenedge.errors import InvalidInput
+from zenedge.runtime.grammar import Grammar
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class SamplingParams:
     repeat_last_n: int = 64        # -1 = the whole context, 0 = off
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    grammar: Grammar | None = None   # the output held to it (structured output, tool calls)
 
     def __post_init__(self):
         if not 1 <= self.max_tokens <= 1 << 16:
