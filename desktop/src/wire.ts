@@ -48,7 +48,9 @@ export interface CachedVariant {
 export interface ChatChoice {
   index: number;
   message: AssistantMessage;
-  finish_reason: "stop" | "length" | "cancelled";
+  finish_reason: "stop" | "length" | "cancelled" | "error";
+  /** with finish_reason "error": one line on why the answer ended there (its grammar admitted no next token) */
+  error?: string | null;
 }
 
 export interface ChatCompletion {
@@ -90,6 +92,7 @@ export interface ChatCompletionRequest {
   messages: Array<ChatMessage>;
   /** preferred over max_tokens */
   max_completion_tokens?: number | null;
+  response_format?: ResponseFormat | null;
 }
 
 export interface ChatMessage {
@@ -102,7 +105,9 @@ export interface ChatMessage {
 export interface ChunkChoice {
   index: number;
   delta: ChunkDelta;
-  finish_reason?: "stop" | "length" | "cancelled" | null;
+  finish_reason?: "stop" | "length" | "cancelled" | "error" | null;
+  /** with finish_reason "error": one line on why the answer ended there (its grammar admitted no next token) */
+  error?: string | null;
 }
 
 export interface ChunkDelta {
@@ -123,7 +128,9 @@ export interface Completion {
 export interface CompletionChoice {
   index: number;
   text: string;
-  finish_reason?: "stop" | "length" | "cancelled" | null;
+  finish_reason?: "stop" | "length" | "cancelled" | "error" | null;
+  /** with finish_reason "error": one line on why the answer ended there (its grammar admitted no next token) */
+  error?: string | null;
 }
 
 export interface CompletionRequest {
@@ -268,6 +275,17 @@ export interface ImportRequest {
   stream?: boolean;
 }
 
+export interface JsonSchemaFormat {
+  /** names the schema */
+  name?: string;
+  /** what the output is for (not rendered into the prompt) */
+  description?: string | null;
+  /** absent: any JSON value */
+  schema?: { [key: string]: unknown } | boolean | null;
+  /** the output always validates against the schema, strict or not */
+  strict?: boolean | null;
+}
+
 /** What `zenedge.pool.maintain.maintain` reported (its fields belong to it). */
 export interface MaintainResult {
   [key: string]: unknown;
@@ -329,8 +347,8 @@ export interface OllamaChatRequest {
   options?: OllamaOptions | null;
   /** 0 drops a profile's variant from the delta cache after the request; other values ("5m", 300, -1) leave it to the cache's policy. The base always stays resident. */
   keep_alive?: number | string | null;
-  /** structured output is not supported: anything but empty is refused */
-  format?: unknown;
+  /** "json": any JSON object; a JSON schema: JSON valid against it (decoded under a grammar) */
+  format?: "" | "json" | { [key: string]: unknown } | null;
   /** thinking is not supported: true is refused */
   think?: boolean | string | null;
   /** empty: load the model and return */
@@ -348,11 +366,13 @@ export interface OllamaChatResponse {
   prompt_eval_duration?: number | null;
   eval_count?: number | null;
   eval_duration?: number | null;
+  /** with done_reason "error": why the answer ended there */
+  error?: string | null;
   model: string;
   created_at: string;
   message: OllamaReplyMessage;
   done: boolean;
-  /** stop, length, cancelled; load or unload for empty requests */
+  /** stop, length, cancelled, error; load or unload for empty requests */
   done_reason?: string | null;
 }
 
@@ -409,8 +429,8 @@ export interface OllamaGenerateRequest {
   options?: OllamaOptions | null;
   /** 0 drops a profile's variant from the delta cache after the request; other values ("5m", 300, -1) leave it to the cache's policy. The base always stays resident. */
   keep_alive?: number | string | null;
-  /** structured output is not supported: anything but empty is refused */
-  format?: unknown;
+  /** "json": any JSON object; a JSON schema: JSON valid against it (decoded under a grammar) */
+  format?: "" | "json" | { [key: string]: unknown } | null;
   /** thinking is not supported: true is refused */
   think?: boolean | string | null;
   /** templated as one user turn (unless raw); empty: load the model and return */
@@ -437,6 +457,8 @@ export interface OllamaGenerateResponse {
   prompt_eval_duration?: number | null;
   eval_count?: number | null;
   eval_duration?: number | null;
+  /** with done_reason "error": why the answer ended there */
+  error?: string | null;
   model: string;
   created_at: string;
   response: string;
@@ -660,6 +682,12 @@ export interface ResidentBase {
   load_seconds: number;
   /** the decode path in use (absent from older daemons) */
   decode?: DecodePath | null;
+}
+
+export interface ResponseFormat {
+  /** "json_object": any JSON object; "json_schema": JSON valid against json_schema.schema (decoded under a grammar: the output always parses and validates) */
+  type: "text" | "json_object" | "json_schema";
+  json_schema?: JsonSchemaFormat | null;
 }
 
 export interface RmRequest {

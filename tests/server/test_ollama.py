@@ -198,7 +198,7 @@ def test_unknown_models_are_404_with_ollamas_error_body(client, daemon):
 
 
 @pytest.mark.parametrize("call", [
-    lambda c: c.chat(model="p0", messages=MESSAGES, format="json"),
+    lambda c: c.chat(model="p0", messages=MESSAGES, format={"type": "array", "uniqueItems": True}),
     lambda c: c.chat(model="p0", messages=MESSAGES, think=True),
     lambda c: c.chat(model="p0", messages=[{"role": "user", "content": "hi", "images": ["aGk="]}]),
     lambda c: c.chat(model="p0", messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f"}}]),
@@ -208,7 +208,7 @@ def test_unknown_models_are_404_with_ollamas_error_body(client, daemon):
     lambda c: c.embed(model="p0", input=["fine", ""]),
     lambda c: c.embed(model="p0", input="x" * 300, truncate=False),
     lambda c: c.embed(model="p0", input="hello", dimensions=65),
-], ids=["format", "think", "images", "tools", "suffix", "temperature", "tool-role", "empty-input", "too-long",
+], ids=["unsupported-schema", "think", "images", "tools", "suffix", "temperature", "tool-role", "empty-input", "too-long",
         "dimensions"])
 def test_what_zenedge_cannot_honour_is_a_400(client, call):
     with pytest.raises(ollama.ResponseError) as refused:

@@ -144,7 +144,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize(("extra", "named"), [
-    (dict(response_format={"type": "json_object"}), "response_format"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}),
+     "response_format.json_schema.schema"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
     (dict(tool_choice="required"), "tool_choice"),
     (dict(logprobs=True, top_logprobs=2), "logprobs"),

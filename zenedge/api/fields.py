@@ -9,7 +9,7 @@ of three rows here:
 - metadata: it does not change the answer (OpenAI's `user`, `metadata`, cache keys; Ollama's
   memory, thread and GPU settings, which configure Ollama's own runner). Accepted.
 - neutral only: a feature zenedge does not have, accepted at the value that asks for nothing
-  (`typical_p: 1`, `response_format: {"type": "text"}`, `tools: []`, `top_k: 0`).
+  (`typical_p: 1`, `tools: []`, `top_k: 0`).
 - anything else, including a name no API defines: refused with a 400 naming the field.
 
 `null` is the same as absent everywhere (SDKs send it for unset parameters). The tests walk every
@@ -56,7 +56,6 @@ def _shown(value: Any) -> str:
 
 _LOGPROBS = "log-probabilities are not returned"
 _TOOLS = "tool calling is not supported yet"
-_FORMAT = "structured output (JSON mode, JSON schema) is not supported yet"
 _RUNNER = "Ollama's runner settings (memory, threads, GPUs, batch, context): zenedge sizes its own"
 
 # POST /v1/chat/completions: every parameter of the openai SDK's CompletionCreateParams.
@@ -80,7 +79,6 @@ OPENAI_CHAT: dict[str, Rule] = {
     "functions": empty(_TOOLS),
     "tool_choice": only("none", "auto", why=_TOOLS),   # with no tools, "auto" asks for no call
     "function_call": only("none", "auto", why=_TOOLS),
-    "response_format": only({"type": "text"}, why=_FORMAT),
     "reasoning_effort": refused("the model does not reason before answering"),
     "verbosity": refused("the answer's length is set by max_tokens, not a verbosity level"),
     "web_search_options": refused("zenedge does not search the web"),
@@ -129,7 +127,7 @@ OLLAMA_OPTIONS: dict[str, Rule] = {
     "mirostat_eta": metadata("a mirostat setting, which only 0 (off) is accepted for"),
 }
 
-# /api/chat and /api/generate, beyond what the models declare (they refuse format, tools, images…).
+# /api/chat and /api/generate, beyond what the models declare (they refuse tools, images…).
 OLLAMA_CHAT: dict[str, Rule] = {
     "logprobs": only(False, why=_LOGPROBS),
     "top_logprobs": only(0, why=_LOGPROBS),

@@ -6,7 +6,7 @@ Three families:
   the official clients send is accepted only where it cannot change the answer, or at the value
   that asks for nothing (`tools: []`, `top_k: 0`), and refused with a 400 naming it otherwise
   (the rules, field by field: fields.py). `n` is pinned to 1. Declared fields whose meaning
-  zenedge cannot honour (images, tools, structured `format`) are refused by the routes.
+  zenedge cannot honour (images, tools) are refused by the routes.
   `/api/pull` and `/api/ps` serve both the native and Ollama's shape in one body.
 - Native (`/api/*`): requests are strict (an unknown field is a 422, so a typo never falls back
   to a default).
@@ -77,7 +77,8 @@ class Honoured(Lenient):
     @model_validator(mode="before")
     @classmethod
     def _nothing_ignored(cls, data: Any) -> Any:
-        fields.check(data, set(cls.model_fields), cls.unhonoured, cls.where)
+        declared = {field.alias or name for name, field in cls.model_fields.items()}
+        fields.check(data, declared, cls.unhonoured, cls.where)
         return data
 
 
@@ -154,10 +155,34 @@ class SamplingFields(Honoured):
     n: Literal[1] | None = Field(1, description="only one choice per request")
 
 
+class JsonSchemaFormat(Honoured):
+    where = "response_format.json_schema."
+    name: str = Field("response", min_length=1, max_length=64, description="names the schema")
+    description: str | None = Field(None, description="what the output is for (not rendered into the prompt)")
+    # (`schema` itself would shadow pydantic's BaseModel.schema())
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema", description="absent: any JSON value")
+    strict: bool | None = Field(None, description="the output always validates against the schema, strict or not")
+
+
+class ResponseFormat(Honoured):
+    where = "response_format."
+    type: Literal["text", "json_object", "json_schema"] = Field(
+        description='"json_object": any JSON object; "json_schema": JSON valid against json_schema.schema '
+                    "(decoded under a grammar: the output always parses and validates)")
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('response_format type "json_schema" needs `json_schema`')
+        return self
+
+
 class ChatCompletionRequest(SamplingFields):
     unhonoured = fields.OPENAI_CHAT
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenCount | None = Field(None, description="preferred over max_tokens")
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -167,7 +192,9 @@ class CompletionRequest(SamplingFields):
 
 
 # -- OpenAI-compatible responses --------------------------------------------------------------------
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+RowError = Field(None, description='with finish_reason "error": one line on why the answer ended there '
+                                   "(its grammar admitted no next token)")
 
 
 class Usage(BaseModel):
@@ -185,6 +212,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: FinishReason
+    error: str | None = RowError
 
 
 class ChatCompletion(Reply):
@@ -205,6 +233,7 @@ class ChunkChoice(BaseModel):
     index: int
     delta: ChunkDelta
     finish_reason: FinishReason | None = None
+    error: str | None = RowError
 
 
 class ChatCompletionChunk(BaseModel):
@@ -223,6 +252,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: FinishReason | None = None
+    error: str | None = RowError
 
 
 class Completion(BaseModel):
@@ -642,7 +672,8 @@ class OllamaGenerationFields(Honoured):
     keep_alive: KeepAlive | None = Field(
         None, description='0 drops a profile\'s variant from the delta cache after the request; other values '
                           '("5m", 300, -1) leave it to the cache\'s policy. The base always stays resident.')
-    format: Any = Field(None, description="structured output is not supported: anything but empty is refused")
+    format: Literal["", "json"] | dict[str, Any] | None = Field(
+        None, description='"json": any JSON object; a JSON schema: JSON valid against it (decoded under a grammar)')
     think: bool | str | None = Field(None, description="thinking is not supported: true is refused")
 
 
@@ -680,6 +711,7 @@ class OllamaStats(BaseModel):
     prompt_eval_duration: int | None = None
     eval_count: int | None = None
     eval_duration: int | None = None
+    error: str | None = Field(None, description='with done_reason "error": why the answer ended there')
 
 
 class OllamaReplyMessage(Reply):
@@ -694,7 +726,7 @@ class OllamaChatResponse(OllamaStats):
     created_at: str
     message: OllamaReplyMessage
     done: bool
-    done_reason: str | None = Field(None, description="stop, length, cancelled; load or unload for empty requests")
+    done_reason: str | None = Field(None, description="stop, length, cancelled, error; load or unload for empty requests")
 
 
 class OllamaGenerateResponse(OllamaStats):

@@ -46,18 +46,18 @@ class Grammar:
     def json_schema(cls, schema: Any, field: str) -> "Grammar":
         """Output that is JSON valid against `schema`. `field`: the request field that carried it."""
         if not isinstance(schema, (dict, bool)):
-            raise InvalidInput(f"{field} must be a JSON schema (an object), got {type(schema).__name__}")
+            raise InvalidInput(f"`{field}` must be a JSON schema (an object), got {type(schema).__name__}")
         if len(json.dumps(schema)) > _MAX_SCHEMA_BYTES:
-            raise InvalidInput(f"{field} is over {_MAX_SCHEMA_BYTES // 1024} KiB")
+            raise InvalidInput(f"`{field}` is over {_MAX_SCHEMA_BYTES // 1024} KiB")
         from llguidance import LLMatcher
 
         try:
             text = LLMatcher.grammar_from_json_schema(_closed(schema), defaults=_JSON_OPTIONS)
         except Exception as exc:   # llguidance raises ValueError with its reason
-            raise InvalidInput(f"{field}: {_one_line(exc)}") from None
+            raise InvalidInput(f"`{field}`: {_one_line(exc)}") from None
         failed, messages = LLMatcher.validate_grammar_with_warnings(text)
         if failed:
-            raise InvalidInput(f"{field}: unsupported schema: {_one_line(messages[0])}")
+            raise InvalidInput(f"`{field}`: unsupported schema: {_one_line(messages[0])}")
         return cls(text, f"the schema in {field}")
 
     @classmethod

@@ -16,7 +16,9 @@ The mapping:
   values leave it to the cache's own policy (rate-weighted LRU). The base always stays resident.
 - An empty prompt (or no messages, or an empty embedding input) loads the model and returns
   (`done_reason: "load"`; with keep_alive 0, `"unload"`), as Ollama does.
-- What zenedge cannot honour (images, tools, structured `format`, thinking, suffix, custom
+- `format` ("json" or a JSON schema) decodes under a grammar (runtime/grammar.py): the answer
+  always parses and validates.
+- What zenedge cannot honour (images, tools, thinking, suffix, custom
   templates, a `context` to continue, logprobs) is refused with a 400 rather than silently ignored.
 - Streams are NDJSON, Ollama's default. Errors are Ollama's `{"error": "message"}` with the
   daemon's statuses (400 bad request, 404 unknown model, 503 queue full); the security middleware's
@@ -43,6 +45,7 @@ from zenedge.errors import AdapterNotFound, InvalidInput, InvalidName, ZenedgeEr
 from zenedge.runtime.embed import Embedder
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
+from zenedge.runtime.grammar import Grammar
 from zenedge.runtime.router import Route
 from zenedge.server import errors, ollama_models, streaming
 from zenedge.server.openai_routes import DEFAULT_MAX_TOKENS
@@ -125,9 +128,10 @@ def keep_alive_seconds(value: float | str | None) -> float | None:
     return -seconds if text.startswith("-") else seconds
 
 
-def sampling(options: wire.OllamaOptions | None) -> SamplingParams:
+def sampling(options: wire.OllamaOptions | None, grammar: Grammar | None = None) -> SamplingParams:
     o = options or wire.OllamaOptions()
     return SamplingParams(
+        grammar=grammar,
         max_tokens=o.num_predict if o.num_predict and o.num_predict > 0 else DEFAULT_MAX_TOKENS,
         temperature=TEMPERATURE if o.temperature is None else o.temperature,
         top_p=TOP_P if o.top_p is None else o.top_p,
@@ -144,13 +148,20 @@ def sampling(options: wire.OllamaOptions | None) -> SamplingParams:
 
 def refuse_unsupported(body: wire.OllamaGenerationFields, **fields: Any) -> None:
     """What zenedge cannot honour is an error, not an answer to a different question."""
-    if body.format not in (None, ""):
-        raise InvalidInput("format (structured output) is not supported by zenedge")
     if body.think not in (None, False):
         raise InvalidInput(f"{body.model[:80]!r} does not support thinking")
     for what, value in fields.items():
         if value:
             raise InvalidInput(f"`{what}` is not supported by zenedge")
+
+
+def format_grammar(format: str | dict | None) -> Grammar | None:
+    """Ollama's `format`: "json" (any JSON object) or a JSON schema; empty: free text."""
+    if not format:
+        return None
+    if format == "json":
+        return Grammar.json_object("format")
+    return Grammar.json_schema(format, "format")
 
 
 def now() -> str:
@@ -320,7 +331,7 @@ async def _generate(state: DaemonState, request: Request, body: wire.OllamaGener
                     framing: Framing):
     """Submit to the scheduler, wait for the start (so that early errors keep their HTTP status),
     then stream NDJSON or collect one answer."""
-    params = sampling(body.options)
+    params = sampling(body.options, await run_in_threadpool(format_grammar, body.format))
     keep_alive_seconds(body.keep_alive)
     timings = Timings()
     route = await _route(state, body.model)
@@ -333,15 +344,22 @@ async def _generate(state: DaemonState, request: Request, body: wire.OllamaGener
             _release(state, route, body.keep_alive)
 
         return streaming.JobStreamingResponse(_lines(job, timings, framing), on_close=close, media_type=NDJSON)
-    parts, reason = [], "stop"
+    parts, end = [], {"done_reason": "stop"}
     try:
         async with streaming.cancel_on_disconnect(request, job):
             async for delta in _timed(job, timings):
                 parts.append(delta.text)
-                reason = delta.finish_reason or reason
+                end = _end(delta) or end
     finally:
         _release(state, route, body.keep_alive)
-    return framing.line("".join(parts), done=True, done_reason=reason, **timings.stats())
+    return framing.line("".join(parts), done=True, **end, **timings.stats())
+
+
+def _end(delta) -> dict[str, str] | None:
+    """The last line's reason (and error, when the row ended on one), or None mid-answer."""
+    if not delta.finish_reason:
+        return None
+    return {"done_reason": delta.finish_reason, **({"error": delta.error} if delta.error else {})}
 
 
 async def _timed(job: Job, timings: Timings):
@@ -356,13 +374,13 @@ async def _timed(job: Job, timings: Timings):
 async def _lines(job: Job, timings: Timings, framing: Framing) -> AsyncIterator[bytes]:
     """A line per piece of text, then a last line with `done`, the reason and the stats; a failure
     mid-stream is one error line."""
-    reason = "stop"
+    end = {"done_reason": "stop"}
     try:
         async for delta in _timed(job, timings):
             if delta.text:
                 yield streaming.ndjson(framing.line(delta.text))
-            reason = delta.finish_reason or reason
-        yield streaming.ndjson(framing.line("", done=True, done_reason=reason, **timings.stats()))
+            end = _end(delta) or end
+        yield streaming.ndjson(framing.line("", done=True, **end, **timings.stats()))
     except errors.ClientGone:
         return
     except Exception as exc:

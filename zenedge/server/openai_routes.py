@@ -27,6 +27,7 @@ from zenedge.errors import AdapterNotFound
 from zenedge.runtime.embed import Embedder
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
+from zenedge.runtime.grammar import Grammar
 from zenedge.server import errors, streaming
 from zenedge.server.scheduler import Job
 from zenedge.server.state import DaemonState
@@ -41,9 +42,10 @@ def stream_doc(chunk: str) -> dict:
                   "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{chunk}"}}}}}
 
 
-def sampling(body: wire.SamplingFields, max_tokens: int | None) -> SamplingParams:
+def sampling(body: wire.SamplingFields, max_tokens: int | None, grammar: Grammar | None = None) -> SamplingParams:
     stop = body.stop if body.stop is not None else ()
     return SamplingParams(
+        grammar=grammar,
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -52,6 +54,16 @@ def sampling(body: wire.SamplingFields, max_tokens: int | None) -> SamplingParam
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
     )
+
+
+def response_grammar(response_format: wire.ResponseFormat | None) -> Grammar | None:
+    """The grammar `response_format` asks the output to follow (None for free text)."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return Grammar.json_object("response_format")
+    schema = response_format.json_schema.schema_
+    return Grammar.json_schema({} if schema is None else schema, "response_format.json_schema.schema")
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
@@ -75,9 +87,11 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     async def model(model: str) -> wire.ModelCard:
         return await run_in_threadpool(_model, state, model)
 
-    @api.post("/chat/completions", response_model=wire.ChatCompletion, responses=stream_doc("ChatCompletionChunk"))
+    @api.post("/chat/completions", response_model=wire.ChatCompletion, response_model_exclude_none=True,
+              responses=stream_doc("ChatCompletionChunk"))
     async def chat_completions(body: wire.ChatCompletionRequest, request: Request):
-        params = sampling(body, body.max_completion_tokens or body.max_tokens)
+        grammar = await run_in_threadpool(response_grammar, body.response_format)   # a bad schema: a 400 now
+        params = sampling(body, body.max_completion_tokens or body.max_tokens, grammar)
         prompt = Prompt(messages=[{"role": m.template_role, "content": m.text()} for m in body.messages])
         ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         job, prompt_tokens = await submit(request, body.model, prompt, params)
@@ -86,11 +100,12 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
             return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
         outcome = await streaming.collect(request, job, prompt_tokens)
         choice = wire.ChatChoice(index=0, message=wire.AssistantMessage(content=outcome.text),
-                                 finish_reason=outcome.finish_reason)
+                                 finish_reason=outcome.finish_reason, error=outcome.error)
         return wire.ChatCompletion(id=ident, created=created, model=body.model, choices=[choice],
                                    usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
 
-    @api.post("/completions", response_model=wire.Completion, responses=stream_doc("Completion"))
+    @api.post("/completions", response_model=wire.Completion, response_model_exclude_none=True,
+              responses=stream_doc("Completion"))
     async def completions(body: wire.CompletionRequest, request: Request):
         params = sampling(body, body.max_tokens)
         prompt = Prompt(text=body.prompt if isinstance(body.prompt, str) else body.prompt[0])
@@ -100,7 +115,8 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
             events = _stream(job, prompt_tokens, _include_usage(body), CompletionFraming(ident, created, body.model))
             return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
         outcome = await streaming.collect(request, job, prompt_tokens)
-        choice = wire.CompletionChoice(index=0, text=outcome.text, finish_reason=outcome.finish_reason)
+        choice = wire.CompletionChoice(index=0, text=outcome.text, finish_reason=outcome.finish_reason,
+                                       error=outcome.error)
         return wire.Completion(id=ident, created=created, model=body.model, choices=[choice],
                                usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
 
@@ -141,8 +157,10 @@ class ChatFraming:
         return wire.ChatCompletionChunk(id=self.ident, created=self.created, model=self.model, choices=choices,
                                         usage=used).model_dump(exclude_none=True)
 
-    def _choice(self, content: str | None, reason: str | None = None, role: str | None = None) -> list:
-        return [wire.ChunkChoice(index=0, delta=wire.ChunkDelta(role=role, content=content), finish_reason=reason)]
+    def _choice(self, content: str | None, reason: str | None = None, role: str | None = None,
+                error: str | None = None) -> list:
+        return [wire.ChunkChoice(index=0, delta=wire.ChunkDelta(role=role, content=content), finish_reason=reason,
+                                 error=error)]
 
     def opening(self) -> dict | None:
         return self._chunk(self._choice("", role="assistant"))
@@ -150,8 +168,8 @@ class ChatFraming:
     def text(self, text: str) -> dict:
         return self._chunk(self._choice(text))
 
-    def end(self, reason: str) -> dict:
-        return self._chunk(self._choice(None, reason))
+    def end(self, reason: str, error: str | None = None) -> dict:
+        return self._chunk(self._choice(None, reason, error=error))
 
     def usage(self, used: wire.Usage) -> dict:
         return self._chunk([], used)
@@ -175,8 +193,8 @@ class CompletionFraming:
     def text(self, text: str) -> dict:
         return self._chunk([wire.CompletionChoice(index=0, text=text)])
 
-    def end(self, reason: str) -> dict:
-        return self._chunk([wire.CompletionChoice(index=0, text="", finish_reason=reason)])
+    def end(self, reason: str, error: str | None = None) -> dict:
+        return self._chunk([wire.CompletionChoice(index=0, text="", finish_reason=reason, error=error)])
 
     def usage(self, used: wire.Usage) -> dict:
         return self._chunk([], used)
@@ -195,7 +213,7 @@ async def _stream(job: Job, prompt_tokens: int, include_usage: bool,
             if delta.text:
                 yield streaming.sse(framing.text(delta.text))
             if delta.finish_reason:
-                yield streaming.sse(framing.end(delta.finish_reason))
+                yield streaming.sse(framing.end(delta.finish_reason, delta.error))
         if include_usage:
             yield streaming.sse(framing.usage(usage(prompt_tokens, tokens)))
     except errors.ClientGone:

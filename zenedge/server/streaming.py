@@ -28,6 +28,7 @@ class Outcome:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    error: str | None = None   # with finish_reason "error"
 
 
 @asynccontextmanager
@@ -76,13 +77,13 @@ async def deltas(job: Job) -> AsyncIterator[Delta]:
 
 async def collect(request: Request, job: Job, prompt_tokens: int) -> Outcome:
     """Run a started job to the end for a non-streamed answer."""
-    parts, tokens, reason = [], 0, "length"
+    parts, tokens, reason, error = [], 0, "length", None
     async with cancel_on_disconnect(request, job):
         async for delta in deltas(job):
             parts.append(delta.text)
             tokens += delta.token_id is not None
-            reason = delta.finish_reason or reason
-    return Outcome("".join(parts), reason, prompt_tokens, tokens)
+            reason, error = delta.finish_reason or reason, delta.error or error
+    return Outcome("".join(parts), reason, prompt_tokens, tokens, error)
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

@@ -68,11 +68,11 @@ class CachedVariant(_CachedVariantRequired, total=False):
 class _ChatChoiceRequired(TypedDict):
     index: int
     message: "AssistantMessage"
-    finish_reason: Literal['stop', 'length', 'cancelled']
+    finish_reason: Literal['stop', 'length', 'cancelled', 'error']
 
 
 class ChatChoice(_ChatChoiceRequired, total=False):
-    pass
+    error: Union[str, None]
 
 
 class _ChatCompletionRequired(TypedDict):
@@ -118,6 +118,7 @@ class ChatCompletionRequest(_ChatCompletionRequestRequired, total=False):
     stream_options: Union["StreamOptions", None]
     n: Union[Literal[1], None]
     max_completion_tokens: Union[int, None]
+    response_format: Union["ResponseFormat", None]
 
 
 class _ChatMessageRequired(TypedDict):
@@ -134,7 +135,8 @@ class _ChunkChoiceRequired(TypedDict):
 
 
 class ChunkChoice(_ChunkChoiceRequired, total=False):
-    finish_reason: Union[Literal['stop', 'length', 'cancelled'], None]
+    finish_reason: Union[Literal['stop', 'length', 'cancelled', 'error'], None]
+    error: Union[str, None]
 
 
 class _ChunkDeltaRequired(TypedDict):
@@ -165,7 +167,8 @@ class _CompletionChoiceRequired(TypedDict):
 
 
 class CompletionChoice(_CompletionChoiceRequired, total=False):
-    finish_reason: Union[Literal['stop', 'length', 'cancelled'], None]
+    finish_reason: Union[Literal['stop', 'length', 'cancelled', 'error'], None]
+    error: Union[str, None]
 
 
 class _CompletionRequestRequired(TypedDict):
@@ -323,6 +326,17 @@ class ImportRequest(_ImportRequestRequired, total=False):
     stream: bool
 
 
+class _JsonSchemaFormatRequired(TypedDict):
+    pass
+
+
+class JsonSchemaFormat(_JsonSchemaFormatRequired, total=False):
+    name: str
+    description: Union[str, None]
+    schema: Union[Dict[str, Any], bool, None]
+    strict: Union[bool, None]
+
+
 class _MaintainResultRequired(TypedDict):
     """What `zenedge.pool.maintain.maintain` reported (its fields belong to it)."""
 
@@ -406,7 +420,7 @@ class OllamaChatRequest(_OllamaChatRequestRequired, total=False):
     stream: bool
     options: Union["OllamaOptions", None]
     keep_alive: Union[float, str, None]
-    format: Any
+    format: Union[Literal['', 'json'], Dict[str, Any], None]
     think: Union[bool, str, None]
     messages: List["OllamaMessage"]
     tools: Union[List[Dict[str, Any]], None]
@@ -427,6 +441,7 @@ class OllamaChatResponse(_OllamaChatResponseRequired, total=False):
     prompt_eval_duration: Union[int, None]
     eval_count: Union[int, None]
     eval_duration: Union[int, None]
+    error: Union[str, None]
     done_reason: Union[str, None]
 
 
@@ -499,7 +514,7 @@ class OllamaGenerateRequest(_OllamaGenerateRequestRequired, total=False):
     stream: bool
     options: Union["OllamaOptions", None]
     keep_alive: Union[float, str, None]
-    format: Any
+    format: Union[Literal['', 'json'], Dict[str, Any], None]
     think: Union[bool, str, None]
     prompt: str
     system: Union[str, None]
@@ -525,6 +540,7 @@ class OllamaGenerateResponse(_OllamaGenerateResponseRequired, total=False):
     prompt_eval_duration: Union[int, None]
     eval_count: Union[int, None]
     eval_duration: Union[int, None]
+    error: Union[str, None]
     done_reason: Union[str, None]
 
 
@@ -789,6 +805,14 @@ class _ResidentBaseRequired(TypedDict):
 
 class ResidentBase(_ResidentBaseRequired, total=False):
     decode: Union["DecodePath", None]
+
+
+class _ResponseFormatRequired(TypedDict):
+    type: Literal['text', 'json_object', 'json_schema']
+
+
+class ResponseFormat(_ResponseFormatRequired, total=False):
+    json_schema: Union["JsonSchemaFormat", None]
 
 
 class _RmRequestRequired(TypedDict):
