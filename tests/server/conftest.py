@@ -26,6 +26,22 @@ def daemon(tmp_path_factory, tiny_base_dir):
 
 
 @pytest.fixture
+def openai_client(daemon):
+    """The official openai client on the module's daemon."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{daemon.tcp_url}/v1", api_key=daemon.token, max_retries=0)
+
+
+@pytest.fixture
+def ollama_client(daemon):
+    """The official ollama client on the module's daemon."""
+    import ollama
+
+    return ollama.Client(host=daemon.tcp_url, headers={"Authorization": f"Bearer {daemon.token}"})
+
+
+@pytest.fixture
 def fresh_daemon(tmp_path, tiny_base_dir):
     """Start a daemon of its own (keyword arguments go to make_home)."""
     started = []

@@ -130,16 +130,6 @@ def test_developer_and_null_assistant_content():
 
 
 # -- through the daemon, with the official clients ---------------------------------------------------
-@pytest.fixture
-def openai_client(daemon):
-    return openai.OpenAI(base_url=f"{daemon.tcp_url}/v1", api_key=daemon.token, max_retries=0)
-
-
-@pytest.fixture
-def ollama_client(daemon):
-    return ollama.Client(host=daemon.tcp_url, headers={"Authorization": f"Bearer {daemon.token}"})
-
-
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 

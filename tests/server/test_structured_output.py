@@ -20,16 +20,6 @@ MESSAGES = [{"role": "user", "content": "a city as JSON"}]
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
 
 
-@pytest.fixture
-def openai_client(daemon):
-    return openai.OpenAI(base_url=f"{daemon.tcp_url}/v1", api_key=daemon.token, max_retries=0)
-
-
-@pytest.fixture
-def ollama_client(daemon):
-    return ollama.Client(host=daemon.tcp_url, headers={"Authorization": f"Bearer {daemon.token}"})
-
-
 @pytest.mark.parametrize("model", ["tiny", "p1"])
 def test_openai_json_schema_validates_and_streams_the_same(openai_client, model):
     asked = dict(model=model, messages=MESSAGES, max_tokens=60, response_format=SCHEMA_FORMAT)
