@@ -16,9 +16,9 @@ from zenedge.runtime.grammar import Grammar
 
 CHAT = Prompt(messages=[{"role": "user", "content": "describe a person as JSON"}])
 PERSON = {"type": "object",   # bounded, so that a random model ends within the tiny context
-          "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
-                         "home": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+          "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,8}$"}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 2},
+                         "home": {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,4}$"}},
                                   "required": ["city"]}},
           "required": ["name", "age", "tags", "home"]}
 

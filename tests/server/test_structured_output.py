@@ -13,7 +13,7 @@ import openai
 import pytest
 
 SCHEMA = {"type": "object",
-          "properties": {"city": {"type": "string", "maxLength": 10}, "rank": {"type": "integer", "maximum": 99},
+          "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,10}$"}, "rank": {"type": "integer", "maximum": 99},
                          "sunny": {"type": "boolean"}},
           "required": ["city", "rank", "sunny"]}
 MESSAGES = [{"role": "user", "content": "a city as JSON"}]
@@ -41,7 +41,7 @@ def test_openai_json_object_and_the_sdks_parse_helper(openai_client):
     pydantic = pytest.importorskip("pydantic")
 
     class City(pydantic.BaseModel):
-        city: str = pydantic.Field(max_length=10)
+        city: str = pydantic.Field(pattern="^[a-z]{1,10}$")
         rank: int = pydantic.Field(ge=0, le=99)
 
     parsed = openai_client.chat.completions.parse(model="p0", messages=MESSAGES, max_tokens=60, response_format=City)

@@ -27,10 +27,11 @@ from typing import Any
 import torch
 
 from zenedge.errors import InvalidInput
+from zenedge.runtime.prompts import tool_style
 
 # Compact JSON, as `json.dumps` writes it with separators (", ", ": "): no free whitespace, which a
 # small model would otherwise fill with newlines until max_tokens.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _MAX_SCHEMA_BYTES = 256 * 1024
 _VALUES = {"const", "enum", "default", "examples"}   # keywords whose values are data, not schemas
 
@@ -41,6 +42,7 @@ class Grammar:
 
     text: str
     what: str
+    styles: tuple[tuple[str, str], ...] = ()   # (tool_style, text): a tool call per way a base writes one
 
     @classmethod
     def json_schema(cls, schema: Any, field: str) -> "Grammar":
@@ -52,7 +54,7 @@ class Grammar:
         from llguidance import LLMatcher
 
         try:
-            text = LLMatcher.grammar_from_json_schema(_closed(schema), defaults=_JSON_OPTIONS)
+            text = LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_OPTIONS)
         except Exception as exc:   # llguidance raises ValueError with its reason
             raise InvalidInput(f"`{field}`: {_one_line(exc)}") from None
         failed, messages = LLMatcher.validate_grammar_with_warnings(text)
@@ -65,18 +67,43 @@ class Grammar:
         """Any JSON object (OpenAI's json_object mode, Ollama's format "json")."""
         return cls.json_schema({"type": "object"}, field)
 
+    @classmethod
+    def lark(cls, grammar: str, field: str) -> "Grammar":
+        """A grammar in llguidance's Lark dialect (which embeds JSON schemas as `%json {…}`)."""
+        from llguidance import LLMatcher
+
+        try:
+            text = LLMatcher.grammar_from_lark(grammar)
+        except Exception as exc:
+            raise InvalidInput(f"`{field}`: {_one_line(exc)}") from None
+        failed, messages = LLMatcher.validate_grammar_with_warnings(text)
+        if failed:
+            raise InvalidInput(f"`{field}`: unsupported schema: {_one_line(messages[0])}")
+        return cls(text, f"the grammar of {field}")
+
+    def for_tokenizer(self, tokenizer) -> str:
+        return dict(self.styles).get(tool_style(tokenizer), self.text) if self.styles else self.text
+
     def start(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...]) -> "GrammarState":
-        return GrammarState(self, _lltokenizer(tokenizer, vocab_size, eos_ids))
+        return GrammarState(self, self.for_tokenizer(tokenizer), _lltokenizer(tokenizer, vocab_size, eos_ids))
+
+    def accepts(self, text: str, tokenizer) -> bool:
+        """Whether `text` is a whole output of this grammar (as the tokenizer splits it)."""
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(_lltokenizer(tokenizer, len(tokenizer), _eos(tokenizer)), self.for_tokenizer(tokenizer),
+                            log_level=0)
+        return matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and matcher.is_accepting()
 
 
 class GrammarState:
     """One row's place in its grammar: which tokens may come next, and the tokens taken."""
 
-    def __init__(self, grammar: Grammar, lltokenizer):
+    def __init__(self, grammar: Grammar, text: str, lltokenizer):
         from llguidance import LLMatcher
 
         self.grammar = grammar
-        self.matcher = LLMatcher(lltokenizer, grammar.text, log_level=0)   # errors are read, not printed
+        self.matcher = LLMatcher(lltokenizer, text, log_level=0)   # errors are read, not printed
         self.vocab_size = lltokenizer.vocab_size
 
     def allowed(self) -> torch.Tensor:
@@ -112,6 +139,10 @@ class GrammarState:
 # llguidance's view of a tokenizer takes ~0.3 s to build on a 49k vocabulary: one per tokenizer.
 _LLTOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+
+
+def _eos(tokenizer) -> tuple[int, ...]:
+    return () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
 
 
 def _lltokenizer(tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
@@ -150,13 +181,13 @@ class _DecodedVocabulary:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
-def _closed(schema: Any) -> Any:
+def closed_objects(schema: Any) -> Any:
     """`schema` with every object that lists properties closed to others unless it says otherwise."""
     if isinstance(schema, list):
-        return [_closed(item) for item in schema]
+        return [closed_objects(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: value if key in _VALUES else _closed(value) for key, value in schema.items()}
+    out = {key: value if key in _VALUES else closed_objects(value) for key, value in schema.items()}
     if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
         out["additionalProperties"] = False
     return out

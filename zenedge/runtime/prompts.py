@@ -20,6 +20,18 @@ def chat_ids(tokenizer, messages: Sequence[dict], add_generation_prompt: bool = 
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
+def tool_style(tokenizer) -> str:
+    """How this base writes a tool call, read from its chat template (runtime/tools.py): "llama3"
+    (a bare JSON object), "hermes" (`<tool_call>` blocks: Qwen, Hermes, other templates that
+    render tools) or "fallback" (a template with no tool section)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if not isinstance(template, str):
+        template = " ".join(str(t) for t in template)
+    if "<|python_tag|>" in template or ("tools" in template and "<|eot_id|>" in template):
+        return "llama3"
+    return "hermes" if "tools" in template else "fallback"
+
+
 def encode_chat(tokenizer, messages: Sequence[dict]) -> list[int]:
     """A request's chat messages → token ids, each message checked first."""
     for message in messages:
