@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from zenedge.errors import InvalidInput
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import GenerationRequest, SamplingParams, generate
-from zenedge.runtime.grammar import Grammar
+from zenedge.runtime.grammar import Grammar, closed_objects
 
 CHAT = Prompt(messages=[{"role": "user", "content": "describe a person as JSON"}])
 PERSON = {"type": "object",   # bounded, so that a random model ends within the tiny context
@@ -104,8 +104,12 @@ def test_recursive_refs_are_supported():
 
 
 def test_listed_properties_close_the_object_unless_the_schema_opens_it(engine):
-    closed = {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}
-    out = engine.complete("tiny", CHAT, constrained(closed, temperature=1.5, seed=4))
-    assert list(json.loads(out.text)) == ["k"]
-    opened = {**closed, "additionalProperties": True}
-    assert Grammar.json_schema(opened, "f") != Grammar.json_schema(closed, "f")
+    closed = {"type": "object", "properties": {"k": {"type": "integer", "maximum": 9}}, "required": ["k"]}
+    for seed in range(3):
+        out = engine.complete("tiny", CHAT, constrained(closed, temperature=1.5, seed=seed))
+        assert list(json.loads(out.text)) == ["k"]
+    opened = {**closed, "additionalProperties": {"type": "integer"}}
+    assert closed_objects(opened) == opened
+    data = {"properties": {"x": {}}}    # a value, not a schema: left as it is
+    nested = {"type": "array", "items": closed, "default": [data], "enum": [data]}
+    assert closed_objects(nested) == {**nested, "items": {**closed, "additionalProperties": False}}

@@ -10,6 +10,7 @@ import json
 import jsonschema
 import ollama
 import openai
+import pydantic
 import pytest
 
 SCHEMA = {"type": "object",
@@ -36,9 +37,11 @@ def test_openai_json_schema_validates_and_streams_the_same(openai_client, model)
 def test_openai_json_object_and_the_sdks_parse_helper(openai_client):
     answer = openai_client.chat.completions.create(model="p0", messages=MESSAGES, max_tokens=60, temperature=0.7,
                                                    seed=1, response_format={"type": "json_object"})
-    if answer.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(answer.choices[0].message.content), dict)
-    pydantic = pytest.importorskip("pydantic")
+    choice = answer.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content), dict)
+    else:   # cut at max_tokens: still the start of an object
+        assert choice.finish_reason == "length" and choice.message.content.startswith("{")
 
     class City(pydantic.BaseModel):
         city: str = pydantic.Field(pattern="^[a-z]{1,10}$")
@@ -81,3 +84,16 @@ def test_a_json_schema_format_needs_its_schema_object(openai_client):
     with pytest.raises(openai.UnprocessableEntityError, match="needs `json_schema`"):   # as any malformed body
         openai_client.chat.completions.create(model="p0", messages=MESSAGES, max_tokens=4,
                                               response_format={"type": "json_schema"})
+
+
+def test_a_schema_the_vocabulary_cannot_write_ends_the_answer_with_an_error_line(openai_client, ollama_client):
+    """The tiny tokenizer has no "é": the grammar admits no token after the opening quote."""
+    impossible = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": ["été"]}}}
+    choice = openai_client.chat.completions.create(model="p0", messages=MESSAGES, max_tokens=8,
+                                                   response_format=impossible).choices[0]
+    assert choice.finish_reason == "error" and "admits no next token" in choice.model_extra["error"]
+    chunks = list(openai_client.chat.completions.create(model="p0", messages=MESSAGES, max_tokens=8, stream=True,
+                                                        response_format=impossible))
+    assert chunks[-1].choices[0].finish_reason == "error"
+    reply = ollama_client.chat(model="p0", messages=MESSAGES, format={"enum": ["été"]})
+    assert reply.done_reason == "error"

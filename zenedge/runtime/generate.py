@@ -113,7 +113,7 @@ class _Row:
         """The next token, or None when the row's grammar admits none."""
         if self.params.grammar is not None:
             if self.grammar is None:
-                width = max(logits.shape[-1], len(self.tokenizer))
+                width = max(logits.shape[-1], len(self.tokenizer))   # the head may be padded, or short
                 self.grammar = self.params.grammar.start(self.tokenizer, width, tuple(sorted(self.eos_ids)))
             logits = self.grammar.mask(logits)
             if logits is None:

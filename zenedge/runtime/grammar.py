@@ -2,9 +2,11 @@
 that it always parses and validates, whatever the model.
 
 The grammar engine is llguidance (Microsoft's, on PyPI, no dependencies): it compiles a JSON
-schema into a grammar and, for each step, gives the set of tokens that keep the output inside it
-(measured against xgrammar and outlines-core in issue [X]: ~50 µs a token on SmolLM2's 49k vocab,
-about 1 % of a 135M decode step; the broadest schema coverage; errors that name the keyword).
+schema into a grammar and, for each step, gives the set of tokens that keep the output inside it.
+It was chosen over xgrammar (faster masks, but torch, transformers, triton and TVM's FFI as
+dependencies) for its coverage and for errors that name the keyword; the measurements are in
+issue [X]'s notes. A mask costs a few hundred µs on SmolLM2's 49k vocabulary, several ms on the
+first token inside a free-form string.
 
 A `Grammar` is checked when a request arrives (an unsupported keyword, a bad pattern or a dangling
 $ref is an InvalidInput naming it: a 400, never a failure mid-batch). Each row that carries one
@@ -53,13 +55,8 @@ class Grammar:
             raise InvalidInput(f"`{field}` is over {_MAX_SCHEMA_BYTES // 1024} KiB")
         from llguidance import LLMatcher
 
-        try:
-            text = LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_OPTIONS)
-        except Exception as exc:   # llguidance raises ValueError with its reason
-            raise InvalidInput(f"`{field}`: {_one_line(exc)}") from None
-        failed, messages = LLMatcher.validate_grammar_with_warnings(text)
-        if failed:
-            raise InvalidInput(f"`{field}`: unsupported schema: {_one_line(messages[0])}")
+        text = _compiled(lambda: LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_OPTIONS),
+                         field)
         return cls(text, f"the schema in {field}")
 
     @classmethod
@@ -72,14 +69,7 @@ class Grammar:
         """A grammar in llguidance's Lark dialect (which embeds JSON schemas as `%json {…}`)."""
         from llguidance import LLMatcher
 
-        try:
-            text = LLMatcher.grammar_from_lark(grammar)
-        except Exception as exc:
-            raise InvalidInput(f"`{field}`: {_one_line(exc)}") from None
-        failed, messages = LLMatcher.validate_grammar_with_warnings(text)
-        if failed:
-            raise InvalidInput(f"`{field}`: unsupported schema: {_one_line(messages[0])}")
-        return cls(text, f"the grammar of {field}")
+        return cls(_compiled(lambda: LLMatcher.grammar_from_lark(grammar), field), f"the grammar of {field}")
 
     def for_tokenizer(self, tokenizer) -> str:
         return dict(self.styles).get(tool_style(tokenizer), self.text) if self.styles else self.text
@@ -91,8 +81,7 @@ class Grammar:
         """Whether `text` is a whole output of this grammar (as the tokenizer splits it)."""
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(_lltokenizer(tokenizer, len(tokenizer), _eos(tokenizer)), self.for_tokenizer(tokenizer),
-                            log_level=0)
+        matcher = LLMatcher(_any_lltokenizer(tokenizer), self.for_tokenizer(tokenizer), log_level=0)
         return matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and matcher.is_accepting()
 
 
@@ -104,7 +93,6 @@ class GrammarState:
 
         self.grammar = grammar
         self.matcher = LLMatcher(lltokenizer, text, log_level=0)   # errors are read, not printed
-        self.vocab_size = lltokenizer.vocab_size
 
     def allowed(self) -> torch.Tensor:
         """[vocab] bool: the tokens the grammar admits next (EOS among them where it may end)."""
@@ -113,9 +101,8 @@ class GrammarState:
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor | None:
         """The row's logits with inadmissible tokens at -inf, or None when no token is admissible."""
-        allowed = self.allowed()
-        width = logits.shape[-1]
-        if allowed.numel() < width:                  # the head may be padded past the tokenizer
+        allowed, width = self.allowed(), logits.shape[-1]
+        if allowed.numel() < width:   # ids past the tokenizer's (a padded head) are never admissible
             allowed = torch.cat([allowed, allowed.new_zeros(width - allowed.numel())])
         allowed = allowed[:width].to(logits.device)
         if not bool(allowed.any()):
@@ -141,8 +128,14 @@ _LLTOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def _eos(tokenizer) -> tuple[int, ...]:
-    return () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+def _any_lltokenizer(tokenizer):
+    """A view of `tokenizer` for checking a text, where any width will do: a row's, if one was built."""
+    with _LOCK:
+        built = next(iter(_LLTOKENIZERS.get(tokenizer, {}).values()), None)
+    if built is not None:
+        return built
+    eos = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+    return _lltokenizer(tokenizer, len(tokenizer), eos)
 
 
 def _lltokenizer(tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
@@ -191,6 +184,20 @@ def closed_objects(schema: Any) -> Any:
     if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
         out["additionalProperties"] = False
     return out
+
+
+def _compiled(build, field: str) -> str:
+    """llguidance's grammar from `build`, checked: what it cannot take is an InvalidInput naming `field`."""
+    from llguidance import LLMatcher
+
+    try:
+        text = build()
+    except Exception as exc:   # llguidance raises ValueError with its reason
+        raise InvalidInput(f"`{field}`: {_one_line(exc)}") from None
+    failed, messages = LLMatcher.validate_grammar_with_warnings(text)
+    if failed:
+        raise InvalidInput(f"`{field}`: unsupported schema: {_one_line(messages[0])}")
+    return text
 
 
 def _one_line(message: Any) -> str:

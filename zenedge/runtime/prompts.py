@@ -25,8 +25,8 @@ def tool_style(tokenizer) -> str:
     (a bare JSON object), "hermes" (`<tool_call>` blocks: Qwen, Hermes, other templates that
     render tools) or "fallback" (a template with no tool section)."""
     template = getattr(tokenizer, "chat_template", None) or ""
-    if not isinstance(template, str):
-        template = " ".join(str(t) for t in template)
+    if isinstance(template, dict):                 # named templates ("default", "tool_use", …)
+        template = " ".join(str(t) for t in template.values())
     if "<|python_tag|>" in template or ("tools" in template and "<|eot_id|>" in template):
         return "llama3"
     return "hermes" if "tools" in template else "fallback"

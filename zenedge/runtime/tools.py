@@ -136,7 +136,7 @@ def parse(text: str, tools: Sequence[dict], tokenizer) -> tuple[str, list[Call]]
         if HERMES_OPEN in content:              # an unclosed block: not a call
             return text, []
     elif stripped.startswith("{"):
-        found, content = [_decoded(stripped.removeprefix("<|python_tag|>"))], ""
+        found, content = [_decoded(stripped)], ""
     else:
         return text, []
     calls = []
