@@ -3,7 +3,8 @@
 
 export interface AssistantMessage {
   role: "assistant";
-  content: string;
+  content: string | null;
+  tool_calls: Array<ToolCall> | null;
 }
 
 export interface BudgetPlan {
@@ -48,7 +49,7 @@ export interface CachedVariant {
 export interface ChatChoice {
   index: number;
   message: AssistantMessage;
-  finish_reason: "stop" | "length" | "cancelled" | "error";
+  finish_reason: "stop" | "length" | "cancelled" | "error" | "tool_calls";
   /** with finish_reason "error": one line on why the answer ended there (its grammar admitted no next token) */
   error?: string | null;
 }
@@ -93,19 +94,26 @@ export interface ChatCompletionRequest {
   /** preferred over max_tokens */
   max_completion_tokens?: number | null;
   response_format?: ResponseFormat | null;
+  tools?: Array<Tool> | null;
+  /** "auto" (the default with tools): a call is returned when the answer is one that parses and validates; "required" or a named function: the answer is one call, decoded under its schema's grammar; "none": no call */
+  tool_choice?: "none" | "auto" | "required" | NamedToolChoice | null;
 }
 
 export interface ChatMessage {
-  /** "developer" is OpenAI's newer name for "system" and renders as one */
-  role: "system" | "developer" | "user" | "assistant";
+  /** "developer" is OpenAI's newer name for "system" and renders as one; "tool": a call's result */
+  role: "system" | "developer" | "user" | "assistant" | "tool";
   /** null only for an assistant turn (read as empty) */
   content?: string | Array<TextPart> | null;
+  /** an assistant turn's calls */
+  tool_calls?: Array<ToolCall> | null;
+  /** a tool turn: the call it answers */
+  tool_call_id?: string | null;
 }
 
 export interface ChunkChoice {
   index: number;
   delta: ChunkDelta;
-  finish_reason?: "stop" | "length" | "cancelled" | "error" | null;
+  finish_reason?: "stop" | "length" | "cancelled" | "error" | "tool_calls" | null;
   /** with finish_reason "error": one line on why the answer ended there (its grammar admitted no next token) */
   error?: string | null;
 }
@@ -113,6 +121,14 @@ export interface ChunkChoice {
 export interface ChunkDelta {
   role?: "assistant" | null;
   content?: string | null;
+  tool_calls?: Array<ChunkToolCall> | null;
+}
+
+export interface ChunkToolCall {
+  id: string;
+  type?: "function";
+  function: FunctionCall;
+  index: number;
 }
 
 /** A text completion, and (with usage only in the last one) each chunk of a streamed one. */
@@ -128,7 +144,7 @@ export interface Completion {
 export interface CompletionChoice {
   index: number;
   text: string;
-  finish_reason?: "stop" | "length" | "cancelled" | "error" | null;
+  finish_reason?: "stop" | "length" | "cancelled" | "error" | "tool_calls" | null;
   /** with finish_reason "error": one line on why the answer ended there (its grammar admitted no next token) */
   error?: string | null;
 }
@@ -251,6 +267,12 @@ export interface EvictedAdapter {
   freed_bytes: number;
 }
 
+export interface FunctionCall {
+  name: string;
+  /** a JSON object, as text */
+  arguments: string;
+}
+
 export interface Health {
   status: "ok";
   version: string;
@@ -333,6 +355,15 @@ export interface ModelCard {
 export interface ModelList {
   object: "list";
   data: Array<ModelCard>;
+}
+
+export interface NamedFunction {
+  name: string;
+}
+
+export interface NamedToolChoice {
+  type: "function";
+  function: NamedFunction;
 }
 
 /** The body of a request that takes no fields: none at all, or `{}` (any field is refused: 422). */
@@ -745,6 +776,27 @@ export interface Threads {
   /** threads for a decode step of the resident bases */
   decode?: number | null;
   decode_why?: string | null;
+}
+
+export interface Tool {
+  type: "function";
+  function: ToolFunction;
+}
+
+/** An earlier call in the history (an assistant turn), or one in a reply. */
+export interface ToolCall {
+  id: string;
+  type?: "function";
+  function: FunctionCall;
+}
+
+export interface ToolFunction {
+  name: string;
+  description?: string | null;
+  /** a JSON schema of the arguments; absent: no arguments */
+  parameters?: { [key: string]: unknown } | null;
+  /** a required call always validates against `parameters` */
+  strict?: boolean | null;
 }
 
 export interface Usage {

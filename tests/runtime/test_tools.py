@@ -84,3 +84,34 @@ def test_calls_in_each_style_are_read():
 def test_a_named_choice_must_be_offered():
     with pytest.raises(InvalidInput, match="'nope'"):
         tools.call_grammar(TOOLS, "nope")
+
+
+CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "osl", "days": 2}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("text", [
+    "Let me look. " + CALL,
+    CALL,
+    '{"name": "time", "parameters": {"zone": "utc"}}',
+    "no call at all, just < and <tool words",
+    "<tool_call>\n{\"name\": \"ghost\", \"arguments\": {}}\n</tool_call>",
+    '  {"not": "a call"}',
+])
+@pytest.mark.parametrize("piece", [1, 3, 7, 1000])
+def test_a_streamed_answer_reads_as_parse_of_the_whole(text, piece):
+    """However the text is cut, what CallStream sends is the answer's text when it holds no call,
+    or the text before the calls and then the calls `parse` finds."""
+    tokenizer = tiny_tokenizer()
+    stream = tools.CallStream(TOOLS, tokenizer)
+    sent = "".join(stream.feed(text[i:i + piece]) for i in range(0, len(text), piece))
+    rest, calls = stream.finish()
+    content, expected = tools.parse(text, TOOLS, tokenizer)
+    assert calls == expected
+    if calls:
+        assert rest == "" and sent.strip() == content and no_call_in(sent)
+    else:
+        assert sent + rest == text
+
+
+def no_call_in(text: str) -> bool:
+    return tools.HERMES_OPEN not in text and "{" not in text

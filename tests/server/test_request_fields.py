@@ -136,7 +136,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 @pytest.mark.parametrize(("extra", "named"), [
     (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}),
      "response_format.json_schema.schema"),
-    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]), "tools"),
+    (dict(functions=[{"name": "f", "parameters": {"type": "object"}}]), "functions"),
     (dict(tool_choice="required"), "tool_choice"),
     (dict(logprobs=True, top_logprobs=2), "logprobs"),
     (dict(reasoning_effort="low"), "reasoning_effort"),

@@ -55,7 +55,8 @@ def _shown(value: Any) -> str:
 
 
 _LOGPROBS = "log-probabilities are not returned"
-_TOOLS = "tool calling is not supported yet"
+_TOOLS = "tool calling on Ollama's API is not supported yet (it is on /v1)"
+_FUNCTIONS = "the deprecated functions API is not supported: send `tools`"
 _RUNNER = "Ollama's runner settings (memory, threads, GPUs, batch, context): zenedge sizes its own"
 
 # POST /v1/chat/completions: every parameter of the openai SDK's CompletionCreateParams.
@@ -68,17 +69,15 @@ OPENAI_CHAT: dict[str, Rule] = {
     "prompt_cache_retention": metadata("a cache hint: zenedge keeps no prompt cache between requests"),
     "prompt_cache_options": metadata("a cache hint: zenedge keeps no prompt cache between requests"),
     "prediction": metadata("a speed hint (predicted output); the answer does not depend on it"),
-    "parallel_tool_calls": metadata("meaningful only with tools, which are refused"),
+    "parallel_tool_calls": metadata("permission, not a demand: an answer holds one call or several"),
     "store": only(False, why="stored completions are not kept"),
     "modalities": only(["text"], why="zenedge answers in text"),
     "audio": refused("zenedge answers in text"),
     "logit_bias": empty("logit biases are not applied"),
     "logprobs": only(False, why=_LOGPROBS),
     "top_logprobs": only(0, why=_LOGPROBS),
-    "tools": empty(_TOOLS),
-    "functions": empty(_TOOLS),
-    "tool_choice": only("none", "auto", why=_TOOLS),   # with no tools, "auto" asks for no call
-    "function_call": only("none", "auto", why=_TOOLS),
+    "functions": empty(_FUNCTIONS),
+    "function_call": only("none", "auto", why=_FUNCTIONS),
     "reasoning_effort": refused("the model does not reason before answering"),
     "verbosity": refused("the answer's length is set by max_tokens, not a verbosity level"),
     "web_search_options": refused("zenedge does not search the web"),
@@ -101,9 +100,7 @@ OPENAI_EMBEDDING: dict[str, Rule] = {"user": OPENAI_CHAT["user"]}
 # One message of /v1/chat/completions' `messages`.
 OPENAI_MESSAGE: dict[str, Rule] = {
     "name": refused("participant names are not rendered by the chat template"),
-    "tool_calls": empty(_TOOLS),
-    "tool_call_id": refused(_TOOLS),
-    "function_call": refused(_TOOLS),
+    "function_call": refused(_FUNCTIONS),
     "refusal": metadata("an assistant's earlier refusal text; its content carries the turn"),
     "audio": refused("zenedge answers in text"),
 }

@@ -106,12 +106,37 @@ class TextPart(Honoured):
     text: str
 
 
+class FunctionCall(Honoured):
+    where = "messages[].tool_calls[].function."
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(max_length=1 << 20, description="a JSON object, as text")
+
+
+class ToolCall(Honoured):
+    """An earlier call in the history (an assistant turn), or one in a reply."""
+
+    where = "messages[].tool_calls[]."
+    id: str = Field(max_length=128)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Honoured):
     unhonoured = fields.OPENAI_MESSAGE
     where = "messages[]."
-    role: Literal["system", "developer", "user", "assistant"] = Field(
-        description='"developer" is OpenAI\'s newer name for "system" and renders as one')
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description='"developer" is OpenAI\'s newer name for "system" and renders as one; "tool": a call\'s result')
     content: str | list[TextPart] | None = Field(None, description="null only for an assistant turn (read as empty)")
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant turn's calls")
+    tool_call_id: str | None = Field(None, max_length=128, description="a tool turn: the call it answers")
+
+    def for_template(self) -> dict:
+        message = {"role": self.template_role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
     @model_validator(mode="after")
     def _content_given(self) -> "ChatMessage":
@@ -178,11 +203,41 @@ class ResponseFormat(Honoured):
         return self
 
 
+class ToolFunction(Honoured):
+    where = "tools[].function."
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = Field(None, max_length=8192)
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments; absent: no arguments")
+    strict: bool | None = Field(None, description="a required call always validates against `parameters`")
+
+
+class Tool(Honoured):
+    where = "tools[]."
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class NamedFunction(Honoured):
+    where = "tool_choice.function."
+    name: str
+
+
+class NamedToolChoice(Honoured):
+    where = "tool_choice."
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     unhonoured = fields.OPENAI_CHAT
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: TokenCount | None = Field(None, description="preferred over max_tokens")
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description='"auto" (the default with tools): a call is returned when the answer is one that parses '
+                          'and validates; "required" or a named function: the answer is one call, decoded under '
+                          "its schema's grammar; \"none\": no call")
 
 
 class CompletionRequest(SamplingFields):
@@ -192,7 +247,7 @@ class CompletionRequest(SamplingFields):
 
 
 # -- OpenAI-compatible responses --------------------------------------------------------------------
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]
 RowError = Field(None, description='with finish_reason "error": one line on why the answer ended there '
                                    "(its grammar admitted no next token)")
 
@@ -205,7 +260,8 @@ class Usage(BaseModel):
 
 class AssistantMessage(Reply):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -224,9 +280,14 @@ class ChatCompletion(Reply):
     usage: Usage
 
 
+class ChunkToolCall(ToolCall):
+    index: int
+
+
 class ChunkDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
 
 
 class ChunkChoice(BaseModel):

@@ -31,10 +31,11 @@ class Prompt:
 
     messages: Sequence[dict] | None = None
     text: str | None = None
+    tools: Sequence[dict] = ()   # OpenAI's shape, {"type": "function", "function": {...}}
 
     def encode(self, tokenizer) -> list[int]:
         if self.messages is not None:
-            return encode_chat(tokenizer, self.messages)
+            return encode_chat(tokenizer, self.messages, self.tools)
         if self.text is not None:
             return encode_text(tokenizer, self.text)
         raise InvalidInput("a request needs messages or a prompt")

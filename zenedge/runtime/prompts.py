@@ -11,11 +11,14 @@ from typing import Sequence
 from zenedge.errors import InvalidInput
 
 
-def chat_ids(tokenizer, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+def chat_ids(tokenizer, messages: Sequence[dict], add_generation_prompt: bool = True,
+             tools: Sequence[dict] | None = None) -> list[int]:
     """Messages in OpenAI form → token ids through the tokenizer's chat template, ending with the
-    assistant header when `add_generation_prompt` (the model answers next)."""
+    assistant header when `add_generation_prompt` (the model answers next). `tools`: passed to
+    templates that render them (runtime/tools.py decides)."""
+    extra = {"tools": list(tools)} if tools else {}
     ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=True,
-                                        return_dict=False)
+                                        return_dict=False, **extra)
     # Some tokenizer versions still wrap the ids in a BatchEncoding despite return_dict=False.
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
@@ -32,12 +35,17 @@ def tool_style(tokenizer) -> str:
     return "hermes" if "tools" in template else "fallback"
 
 
-def encode_chat(tokenizer, messages: Sequence[dict]) -> list[int]:
-    """A request's chat messages → token ids, each message checked first."""
+def encode_chat(tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
+    """A request's chat messages (and the tools it offers) → token ids, each message checked first."""
     for message in messages:
-        if not isinstance(message, dict) or message.get("role") not in {"system", "user", "assistant"} \
+        if not isinstance(message, dict) or message.get("role") not in {"system", "user", "assistant", "tool"} \
                 or not isinstance(message.get("content"), str):
-            raise InvalidInput("each message needs a role (system, user, assistant) and string content")
+            raise InvalidInput("each message needs a role (system, user, assistant, tool) and string content")
+    if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
+        from zenedge.runtime.tools import messages_for_template
+
+        messages, passed = messages_for_template(tokenizer, messages, tools)
+        return chat_ids(tokenizer, messages, tools=passed)
     return chat_ids(tokenizer, messages)
 
 

@@ -156,3 +156,51 @@ def _decoded(body: str) -> Any:
         return json.loads(body)
     except ValueError:
         return None
+
+
+class CallStream:
+    """Streams an answer's text while holding back what may be a tool call, so that a streamed
+    answer reads the same as `parse` of the whole: text before a `<tool_call>` (or an answer that
+    opens with `{`, Llama 3's call) goes out at once; the rest waits for the end, where it becomes
+    calls if every one parses and validates, or text otherwise."""
+
+    def __init__(self, tools: Sequence[dict], tokenizer):
+        self.tools, self.tokenizer = tools, tokenizer
+        self.sent, self.held = "", ""
+        self.holding = False          # a call has begun: everything waits for `finish`
+
+    def feed(self, text: str) -> str:
+        """The part of `text` that can be sent now."""
+        self.held += text
+        if not self.holding:
+            if not (self.sent + self.held).strip():
+                return ""            # leading whitespace: wait to see whether a JSON call follows
+            if not self.sent.strip() and self.held.lstrip().startswith("{"):
+                self.holding = True
+            elif (at := self.held.find(HERMES_OPEN)) >= 0:
+                self.holding = True
+                return self._send(at)
+            else:
+                return self._send(len(self.held) - _partial_suffix(self.held, HERMES_OPEN))
+        return ""
+
+    def _send(self, upto: int) -> str:
+        out, self.held = self.held[:upto], self.held[upto:]
+        self.sent += out
+        return out
+
+    def finish(self) -> tuple[str, list[Call]]:
+        """What is still to send as text, and the calls (with them, no more text is sent)."""
+        _, calls = parse(self.sent + self.held, self.tools, self.tokenizer)
+        if calls:
+            return "", calls
+        rest, self.held = self.held, ""
+        return rest, []
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that begins `marker` (it may be completed next)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0

@@ -4,8 +4,10 @@
 `model` is a profile in the pool or a base name. Sampling follows OpenAI's defaults (temperature 1,
 top_p 1, no penalties); `max_completion_tokens` wins over `max_tokens`. No field is ignored
 silently: the SDK's parameters zenedge does not honour are accepted only at a value that asks for
-nothing (`tools: []`) or where they cannot change the answer (`user`), else refused with a 400
-naming the field (api/fields.py). `developer` messages render as `system`. Streams are server-sent events ending
+nothing (`logprobs: false`) or where they cannot change the answer (`user`), else refused with a 400
+naming the field (api/fields.py). `tools` are rendered into the prompt (runtime/tools.py); with
+`tool_choice` "required" or a named function the answer is one call decoded under its schema, and
+with "auto" a call is returned when the answer parses as one, else the answer is text. `developer` messages render as `system`. Streams are server-sent events ending
 with `data: [DONE]`; with `stream_options.include_usage` a last chunk without choices carries the
 usage, as OpenAI sends it. Embeddings are unit vectors from the resident base with the profile's
 variant applied (runtime/embed.py), as floats or, as OpenAI's SDKs ask by default, base64.
@@ -14,6 +16,7 @@ variant applied (runtime/embed.py), as floats or, as OpenAI's SDKs ask by defaul
 from __future__ import annotations
 
 import base64
+import json
 import secrets
 import time
 from dataclasses import dataclass
@@ -23,7 +26,8 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from zenedge.api import wire
-from zenedge.errors import AdapterNotFound
+from zenedge.errors import AdapterNotFound, InvalidInput
+from zenedge.runtime import tools as calling
 from zenedge.runtime.embed import Embedder
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
@@ -66,6 +70,44 @@ def response_grammar(response_format: wire.ResponseFormat | None) -> Grammar | N
     return Grammar.json_schema({} if schema is None else schema, "response_format.json_schema.schema")
 
 
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a chat request's `tools` and `tool_choice` ask: `mode` "none" (no call read back),
+    "auto" (a call read back when the answer is one) or "required" (the answer is one call, of
+    `only` when a function is named)."""
+
+    tools: list[dict]
+    mode: str
+    only: str | None = None
+
+    @classmethod
+    def of(cls, body: wire.ChatCompletionRequest) -> "ToolPlan":
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+        choice = body.tool_choice or ("auto" if tools else "none")
+        if isinstance(choice, wire.NamedToolChoice):
+            return cls(tools, "required", choice.function.name)
+        if choice == "required" and not tools:
+            raise InvalidInput('`tool_choice` "required" needs `tools`')
+        return cls(tools, choice if tools else "none")
+
+    def grammar(self, response_format: wire.ResponseFormat | None) -> Grammar | None:
+        """The grammar the answer decodes under; every tool's schema is checked (a 400 now)."""
+        if self.mode == "none":
+            return response_grammar(response_format)
+        call = calling.call_grammar(self.tools, self.only)
+        if self.mode == "auto":
+            return response_grammar(response_format)
+        if response_format is not None and response_format.type != "text":
+            raise InvalidInput("`response_format` and a required tool call both fix the answer: send one of them")
+        return call
+
+
+def wire_calls(calls: list[calling.Call]) -> list[wire.ToolCall]:
+    return [wire.ToolCall(id=f"call_{secrets.token_hex(12)}",
+                          function=wire.FunctionCall(name=c.name, arguments=json.dumps(c.arguments, ensure_ascii=False)))
+            for c in calls]
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
     return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                       total_tokens=prompt_tokens + completion_tokens)
@@ -90,17 +132,27 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     @api.post("/chat/completions", response_model=wire.ChatCompletion, response_model_exclude_none=True,
               responses=stream_doc("ChatCompletionChunk"))
     async def chat_completions(body: wire.ChatCompletionRequest, request: Request):
-        grammar = await run_in_threadpool(response_grammar, body.response_format)   # a bad schema: a 400 now
+        plan = ToolPlan.of(body)
+        grammar = await run_in_threadpool(plan.grammar, body.response_format)   # a bad schema: a 400 now
         params = sampling(body, body.max_completion_tokens or body.max_tokens, grammar)
-        prompt = Prompt(messages=[{"role": m.template_role, "content": m.text()} for m in body.messages])
+        prompt = Prompt(messages=[m.for_template() for m in body.messages], tools=plan.tools)
         ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         job, prompt_tokens = await submit(request, body.model, prompt, params)
+        watcher = None
+        if plan.mode != "none":
+            watcher = calling.CallStream(plan.tools, state.engine.resident(job.route.base).tokenizer)
         if body.stream:
-            events = _stream(job, prompt_tokens, _include_usage(body), ChatFraming(ident, created, body.model))
+            events = _stream(job, prompt_tokens, _include_usage(body), ChatFraming(ident, created, body.model),
+                             watcher)
             return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
         outcome = await streaming.collect(request, job, prompt_tokens)
-        choice = wire.ChatChoice(index=0, message=wire.AssistantMessage(content=outcome.text),
-                                 finish_reason=outcome.finish_reason, error=outcome.error)
+        message, reason = wire.AssistantMessage(content=outcome.text), outcome.finish_reason
+        if watcher is not None:
+            content, calls = await run_in_threadpool(calling.parse, outcome.text, plan.tools, watcher.tokenizer)
+            if calls:
+                message = wire.AssistantMessage(content=content or None, tool_calls=wire_calls(calls))
+                reason = "tool_calls"
+        choice = wire.ChatChoice(index=0, message=message, finish_reason=reason, error=outcome.error)
         return wire.ChatCompletion(id=ident, created=created, model=body.model, choices=[choice],
                                    usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
 
@@ -158,15 +210,20 @@ class ChatFraming:
                                         usage=used).model_dump(exclude_none=True)
 
     def _choice(self, content: str | None, reason: str | None = None, role: str | None = None,
-                error: str | None = None) -> list:
-        return [wire.ChunkChoice(index=0, delta=wire.ChunkDelta(role=role, content=content), finish_reason=reason,
-                                 error=error)]
+                error: str | None = None, calls: list[wire.ChunkToolCall] | None = None) -> list:
+        delta = wire.ChunkDelta(role=role, content=content, tool_calls=calls)
+        return [wire.ChunkChoice(index=0, delta=delta, finish_reason=reason, error=error)]
 
     def opening(self) -> dict | None:
         return self._chunk(self._choice("", role="assistant"))
 
     def text(self, text: str) -> dict:
         return self._chunk(self._choice(text))
+
+    def tool_calls(self, calls: list[calling.Call]) -> dict:
+        """All the calls in one chunk, each whole (OpenAI may split arguments; clients join them)."""
+        chunked = [wire.ChunkToolCall(index=i, **call.model_dump()) for i, call in enumerate(wire_calls(calls))]
+        return self._chunk(self._choice(None, calls=chunked))
 
     def end(self, reason: str, error: str | None = None) -> dict:
         return self._chunk(self._choice(None, reason, error=error))
@@ -200,20 +257,32 @@ class CompletionFraming:
         return self._chunk([], used)
 
 
-async def _stream(job: Job, prompt_tokens: int, include_usage: bool,
-                  framing: ChatFraming | CompletionFraming) -> AsyncIterator[bytes]:
+async def _stream(job: Job, prompt_tokens: int, include_usage: bool, framing: ChatFraming | CompletionFraming,
+                  watcher: calling.CallStream | None = None) -> AsyncIterator[bytes]:
     """SSE for one job: an optional opening chunk, one chunk per piece of text, a chunk with the
-    finish reason, the usage chunk if asked, then [DONE]. A failure mid-stream is one error event."""
+    finish reason, the usage chunk if asked, then [DONE]. A failure mid-stream is one error event.
+    With a `watcher` (a chat offering tools), text that may be a call waits for the end: then it
+    goes out as one tool-calls chunk (finish_reason "tool_calls") or as text."""
     tokens = 0
     try:
         if (opening := framing.opening()) is not None:
             yield streaming.sse(opening)
         async for delta in streaming.deltas(job):
             tokens += delta.token_id is not None
-            if delta.text:
-                yield streaming.sse(framing.text(delta.text))
-            if delta.finish_reason:
-                yield streaming.sse(framing.end(delta.finish_reason, delta.error))
+            text, reason = delta.text, delta.finish_reason
+            if watcher is not None:
+                text = watcher.feed(text)
+            if text:
+                yield streaming.sse(framing.text(text))
+            if reason and watcher is not None:
+                rest, calls = await run_in_threadpool(watcher.finish)
+                if rest:
+                    yield streaming.sse(framing.text(rest))
+                if calls:
+                    yield streaming.sse(framing.tool_calls(calls))
+                    reason = "tool_calls"
+            if reason:
+                yield streaming.sse(framing.end(reason, delta.error))
         if include_usage:
             yield streaming.sse(framing.usage(usage(prompt_tokens, tokens)))
     except errors.ClientGone:

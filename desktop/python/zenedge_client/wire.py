@@ -8,7 +8,8 @@ from typing import Any, Dict, List, Literal, TypedDict, Union
 
 class _AssistantMessageRequired(TypedDict):
     role: Literal['assistant']
-    content: str
+    content: Union[str, None]
+    tool_calls: Union[List["ToolCall"], None]
 
 
 class AssistantMessage(_AssistantMessageRequired, total=False):
@@ -68,7 +69,7 @@ class CachedVariant(_CachedVariantRequired, total=False):
 class _ChatChoiceRequired(TypedDict):
     index: int
     message: "AssistantMessage"
-    finish_reason: Literal['stop', 'length', 'cancelled', 'error']
+    finish_reason: Literal['stop', 'length', 'cancelled', 'error', 'tool_calls']
 
 
 class ChatChoice(_ChatChoiceRequired, total=False):
@@ -119,14 +120,18 @@ class ChatCompletionRequest(_ChatCompletionRequestRequired, total=False):
     n: Union[Literal[1], None]
     max_completion_tokens: Union[int, None]
     response_format: Union["ResponseFormat", None]
+    tools: Union[List["Tool"], None]
+    tool_choice: Union[Literal['none', 'auto', 'required'], "NamedToolChoice", None]
 
 
 class _ChatMessageRequired(TypedDict):
-    role: Literal['system', 'developer', 'user', 'assistant']
+    role: Literal['system', 'developer', 'user', 'assistant', 'tool']
 
 
 class ChatMessage(_ChatMessageRequired, total=False):
     content: Union[str, List["TextPart"], None]
+    tool_calls: Union[List["ToolCall"], None]
+    tool_call_id: Union[str, None]
 
 
 class _ChunkChoiceRequired(TypedDict):
@@ -135,7 +140,7 @@ class _ChunkChoiceRequired(TypedDict):
 
 
 class ChunkChoice(_ChunkChoiceRequired, total=False):
-    finish_reason: Union[Literal['stop', 'length', 'cancelled', 'error'], None]
+    finish_reason: Union[Literal['stop', 'length', 'cancelled', 'error', 'tool_calls'], None]
     error: Union[str, None]
 
 
@@ -146,6 +151,17 @@ class _ChunkDeltaRequired(TypedDict):
 class ChunkDelta(_ChunkDeltaRequired, total=False):
     role: Union[Literal['assistant'], None]
     content: Union[str, None]
+    tool_calls: Union[List["ChunkToolCall"], None]
+
+
+class _ChunkToolCallRequired(TypedDict):
+    id: str
+    function: "FunctionCall"
+    index: int
+
+
+class ChunkToolCall(_ChunkToolCallRequired, total=False):
+    type: Literal['function']
 
 
 class _CompletionRequired(TypedDict):
@@ -167,7 +183,7 @@ class _CompletionChoiceRequired(TypedDict):
 
 
 class CompletionChoice(_CompletionChoiceRequired, total=False):
-    finish_reason: Union[Literal['stop', 'length', 'cancelled', 'error'], None]
+    finish_reason: Union[Literal['stop', 'length', 'cancelled', 'error', 'tool_calls'], None]
     error: Union[str, None]
 
 
@@ -301,6 +317,15 @@ class EvictedAdapter(_EvictedAdapterRequired, total=False):
     pass
 
 
+class _FunctionCallRequired(TypedDict):
+    name: str
+    arguments: str
+
+
+class FunctionCall(_FunctionCallRequired, total=False):
+    pass
+
+
 class _HealthRequired(TypedDict):
     status: Literal['ok']
     version: str
@@ -401,6 +426,23 @@ class _ModelListRequired(TypedDict):
 
 
 class ModelList(_ModelListRequired, total=False):
+    pass
+
+
+class _NamedFunctionRequired(TypedDict):
+    name: str
+
+
+class NamedFunction(_NamedFunctionRequired, total=False):
+    pass
+
+
+class _NamedToolChoiceRequired(TypedDict):
+    type: Literal['function']
+    function: "NamedFunction"
+
+
+class NamedToolChoice(_NamedToolChoiceRequired, total=False):
     pass
 
 
@@ -890,6 +932,35 @@ class _ThreadsRequired(TypedDict):
 class Threads(_ThreadsRequired, total=False):
     decode: Union[int, None]
     decode_why: Union[str, None]
+
+
+class _ToolRequired(TypedDict):
+    type: Literal['function']
+    function: "ToolFunction"
+
+
+class Tool(_ToolRequired, total=False):
+    pass
+
+
+class _ToolCallRequired(TypedDict):
+    """An earlier call in the history (an assistant turn), or one in a reply."""
+    id: str
+    function: "FunctionCall"
+
+
+class ToolCall(_ToolCallRequired, total=False):
+    type: Literal['function']
+
+
+class _ToolFunctionRequired(TypedDict):
+    name: str
+
+
+class ToolFunction(_ToolFunctionRequired, total=False):
+    description: Union[str, None]
+    parameters: Union[Dict[str, Any], None]
+    strict: Union[bool, None]
 
 
 class _UsageRequired(TypedDict):
