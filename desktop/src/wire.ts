@@ -384,8 +384,8 @@ export interface OllamaChatRequest {
   think?: boolean | string | null;
   /** empty: load the model and return */
   messages?: Array<OllamaMessage>;
-  /** refused when not empty */
-  tools?: Array<{ [key: string]: unknown }> | null;
+  /** rendered into the prompt; a call is returned in `message.tool_calls` when the answer parses as one and validates */
+  tools?: Array<Tool> | null;
 }
 
 /** /api/chat: one object, or each NDJSON line of a stream (`done` on the last, with the stats). */
@@ -452,6 +452,13 @@ export interface OllamaError {
   error: string;
 }
 
+export interface OllamaFunctionCall {
+  name: string;
+  arguments?: { [key: string]: unknown };
+  /** the call's place among the turn's calls (newer Ollama sends it) */
+  index?: number | null;
+}
+
 export interface OllamaGenerateRequest {
   /** a profile or a base (`NAME:latest` = NAME) */
   model: string;
@@ -498,10 +505,15 @@ export interface OllamaGenerateResponse {
 }
 
 export interface OllamaMessage {
-  role: "system" | "user" | "assistant";
+  /** "tool": a call's result */
+  role: "system" | "user" | "assistant" | "tool";
   content?: string;
   /** refused when not empty: no vision models */
   images?: Array<string> | null;
+  /** an assistant turn's calls */
+  tool_calls?: Array<OllamaToolCall> | null;
+  /** a tool turn: the function that answered */
+  tool_name?: string | null;
 }
 
 /** An entry of /api/tags: a base or a profile in the pool. */
@@ -553,6 +565,7 @@ export interface OllamaOptions {
 export interface OllamaReplyMessage {
   role: "assistant";
   content: string;
+  tool_calls: Array<OllamaToolCall> | null;
 }
 
 export interface OllamaRunningModel {
@@ -589,6 +602,10 @@ export interface OllamaShowResponse {
 
 export interface OllamaTags {
   models: Array<OllamaModel>;
+}
+
+export interface OllamaToolCall {
+  function: OllamaFunctionCall;
 }
 
 export interface OllamaVersion {

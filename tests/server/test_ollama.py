@@ -201,14 +201,15 @@ def test_unknown_models_are_404_with_ollamas_error_body(client, daemon):
     lambda c: c.chat(model="p0", messages=MESSAGES, format={"type": "array", "uniqueItems": True}),
     lambda c: c.chat(model="p0", messages=MESSAGES, think=True),
     lambda c: c.chat(model="p0", messages=[{"role": "user", "content": "hi", "images": ["aGk="]}]),
-    lambda c: c.chat(model="p0", messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f"}}]),
+    lambda c: c.chat(model="p0", messages=MESSAGES, tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "strang"}}}}}]),
     lambda c: c.generate(model="p0", prompt="hi", suffix="end"),
     lambda c: c.generate(model="p0", prompt="hi", options={"temperature": -1}),
-    lambda c: c.chat(model="p0", messages=[{"role": "tool", "content": "hi"}]),
+    lambda c: c.chat(model="p0", messages=[{"role": "assistant", "content": "hi", "thinking": "hmm"}]),
     lambda c: c.embed(model="p0", input=["fine", ""]),
     lambda c: c.embed(model="p0", input="x" * 300, truncate=False),
     lambda c: c.embed(model="p0", input="hello", dimensions=65),
-], ids=["unsupported-schema", "think", "images", "tools", "suffix", "temperature", "tool-role", "empty-input", "too-long",
+], ids=["unsupported-schema", "think", "images", "tools", "suffix", "temperature", "thinking", "empty-input", "too-long",
         "dimensions"])
 def test_what_zenedge_cannot_honour_is_a_400(client, call):
     with pytest.raises(ollama.ResponseError) as refused:

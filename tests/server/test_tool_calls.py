@@ -98,3 +98,49 @@ def test_a_history_with_calls_and_results_is_answered(openai_client):
 def test_bad_tools_are_a_400_naming_the_problem(openai_client, asked, says):
     with pytest.raises(openai.BadRequestError, match=says):
         openai_client.chat.completions.create(**{"model": "p0", "messages": ASK, "max_tokens": 4, **asked})
+
+
+# -- Ollama's API: no tool_choice, so calls come back only when the answer is one ----------------------
+OLLAMA_HISTORY = ASK + [
+    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "weather",
+                                                                      "arguments": {"city": "oslo", "days": 1}}}]},
+    {"role": "tool", "tool_name": "weather", "content": '{"sky": "clear"}'},
+]
+
+
+def test_ollama_calls_validate_and_history_is_accepted(ollama_client):
+    for seed in range(4):
+        reply = ollama_client.chat(model="p1", messages=ASK, tools=TOOLS, options={"seed": seed, "num_predict": 30})
+        for call in reply.message.tool_calls or []:
+            jsonschema.validate(dict(call.function.arguments), SCHEMAS[call.function.name])
+        if not reply.message.tool_calls:
+            assert isinstance(reply.message.content, str)
+    answered = ollama_client.chat(model="p0", messages=OLLAMA_HISTORY, tools=TOOLS,
+                                  options={"temperature": 0, "num_predict": 8})
+    assert answered.done
+
+
+def test_ollama_a_call_comes_back_as_tool_calls_streamed_as_collected(ollama_client):
+    """Ollama has no tool_choice; a `format` holding the answer to a bare call object (the Llama 3
+    form the parser reads) makes the tiny model write one, through the whole route."""
+    call_shape = {"type": "object", "properties": {"name": {"const": "weather"}, "arguments": WEATHER},
+                  "required": ["name", "arguments"]}
+    asked = dict(model="p2", messages=ASK, tools=TOOLS, format=call_shape, options={"temperature": 0, "num_predict": 120})
+    collected = ollama_client.chat(**asked).message
+    assert collected.content == "" and len(collected.tool_calls) == 1
+    jsonschema.validate(dict(collected.tool_calls[0].function.arguments), WEATHER)
+    lines = list(ollama_client.chat(**asked, stream=True))
+    streamed = [call for line in lines for call in line.message.tool_calls or []]
+    assert "".join(line.message.content for line in lines) == ""
+    assert [c.function.model_dump() for c in streamed] == [c.function.model_dump() for c in collected.tool_calls]
+    assert lines[-1].done
+
+
+def test_ollama_bad_tools_are_a_400_in_ollama_shape(ollama_client):
+    import ollama
+
+    bad = [{"type": "function", "function": {"name": "x", "parameters": {
+        "type": "object", "properties": {"a": {"type": "strang"}}}}}]
+    with pytest.raises(ollama.ResponseError, match="strang") as refused:
+        ollama_client.chat(model="p0", messages=ASK, tools=bad)
+    assert refused.value.status_code == 400 and isinstance(refused.value.error, str)

@@ -55,7 +55,6 @@ def _shown(value: Any) -> str:
 
 
 _LOGPROBS = "log-probabilities are not returned"
-_TOOLS = "tool calling on Ollama's API is not supported yet (it is on /v1)"
 _FUNCTIONS = "the deprecated functions API is not supported: send `tools`"
 _RUNNER = "Ollama's runner settings (memory, threads, GPUs, batch, context): zenedge sizes its own"
 
@@ -139,8 +138,6 @@ OLLAMA_GENERATE: dict[str, Rule] = {
 # One message of /api/chat's `messages`.
 OLLAMA_MESSAGE: dict[str, Rule] = {
     "thinking": only("", why="thinking is not supported"),
-    "tool_calls": empty(_TOOLS),
-    "tool_name": refused(_TOOLS),
 }
 
 def check(fields: Any, declared: set[str], rules: dict[str, Rule], where: str = "") -> None:

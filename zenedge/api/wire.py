@@ -738,18 +738,42 @@ class OllamaGenerationFields(Honoured):
     think: bool | str | None = Field(None, description="thinking is not supported: true is refused")
 
 
+class OllamaFunctionCall(Honoured):
+    where = "messages[].tool_calls[].function."
+    name: str = Field(min_length=1, max_length=64)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    index: int | None = Field(None, description="the call's place among the turn's calls (newer Ollama sends it)")
+
+
+class OllamaToolCall(Honoured):
+    where = "messages[].tool_calls[]."
+    function: OllamaFunctionCall
+
+
 class OllamaMessage(Honoured):
     unhonoured = fields.OLLAMA_MESSAGE
     where = "messages[]."
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"] = Field(description='"tool": a call\'s result')
     content: str = ""
     images: list[str] | None = Field(None, description="refused when not empty: no vision models")
+    tool_calls: list[OllamaToolCall] | None = Field(None, description="an assistant turn's calls")
+    tool_name: str | None = Field(None, max_length=64, description="a tool turn: the function that answered")
+
+    def for_template(self) -> dict:
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [{"type": "function", "function": call.function.model_dump(exclude={"index"})}
+                                     for call in self.tool_calls]
+        if self.tool_name:
+            message["name"] = self.tool_name
+        return message
 
 
 class OllamaChatRequest(OllamaGenerationFields):
     unhonoured = fields.OLLAMA_CHAT
     messages: list[OllamaMessage] = Field(default_factory=list, description="empty: load the model and return")
-    tools: list[dict[str, Any]] | None = Field(None, description="refused when not empty")
+    tools: list[Tool] | None = Field(None, max_length=128, description="rendered into the prompt; a call is returned "
+                                     "in `message.tool_calls` when the answer parses as one and validates")
 
 
 class OllamaGenerateRequest(OllamaGenerationFields):
@@ -778,6 +802,7 @@ class OllamaStats(BaseModel):
 class OllamaReplyMessage(Reply):
     role: Literal["assistant"] = "assistant"
     content: str
+    tool_calls: list[OllamaToolCall] | None = None
 
 
 class OllamaChatResponse(OllamaStats):

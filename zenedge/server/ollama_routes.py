@@ -18,8 +18,10 @@ The mapping:
   (`done_reason: "load"`; with keep_alive 0, `"unload"`), as Ollama does.
 - `format` ("json" or a JSON schema) decodes under a grammar (runtime/grammar.py): the answer
   always parses and validates.
-- What zenedge cannot honour (images, tools, thinking, suffix, custom
-  templates, a `context` to continue, logprobs) is refused with a 400 rather than silently ignored.
+- `tools` are rendered into the prompt; a call comes back in `message.tool_calls` (arguments as
+  an object) when the answer parses as one and its arguments validate, else the answer is text.
+  Ollama has no `tool_choice`: a call is never forced here (it is on /v1).
+- What zenedge cannot honour (images, thinking, suffix, custom templates, a `context` to continue, logprobs) is refused with a 400 rather than silently ignored.
 - Streams are NDJSON, Ollama's default. Errors are Ollama's `{"error": "message"}` with the
   daemon's statuses (400 bad request, 404 unknown model, 503 queue full); the security middleware's
   own refusals (401, 403, 413) keep zenedge's body, as on every route.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,6 +44,7 @@ from starlette.responses import Response
 from zenedge import __version__, bases
 from zenedge.api import wire
 from zenedge.errors import AdapterNotFound, InvalidInput, InvalidName, ZenedgeError
+from zenedge.runtime import tools as calling
 from zenedge.runtime.embed import Embedder
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
@@ -195,10 +198,13 @@ class Framing:
     model: str
     chat: bool
 
-    def line(self, text: str, done: bool = False, **extra: Any) -> dict[str, Any]:
+    def line(self, text: str, done: bool = False, calls: Sequence[calling.Call] = (), **extra: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "created_at": now()}
         if self.chat:
             body["message"] = {"role": "assistant", "content": text}
+            if calls:   # Ollama's shape: arguments as an object, no ids
+                body["message"]["tool_calls"] = [{"function": {"index": i, "name": c.name, "arguments": c.arguments}}
+                                                 for i, c in enumerate(calls)]
         else:
             body["response"] = text
         return {**body, "done": done, **extra}
@@ -234,13 +240,16 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     @api.post("/api/chat", response_model=wire.OllamaChatResponse, response_model_exclude_none=True,
               responses=ndjson_doc("OllamaChatResponse"))
     async def chat(body: wire.OllamaChatRequest, request: Request):
-        refuse_unsupported(body, tools=body.tools, images=any(m.images for m in body.messages))
+        refuse_unsupported(body, images=any(m.images for m in body.messages))
         framing = Framing(body.model, chat=True)
         if not body.messages:
             reason = await _warm(state, await _route(state, body.model), body.keep_alive)
             return framing.line("", done=True, done_reason=reason)
-        prompt = Prompt(messages=[{"role": m.role, "content": m.content} for m in body.messages])
-        return await _generate(state, request, body, prompt, framing)
+        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
+        if tools:   # Ollama has no tool_choice: a call is read back when the answer is one
+            await run_in_threadpool(calling.call_grammar, tools)   # every tool's schema checked: a 400 now
+        prompt = Prompt(messages=[m.for_template() for m in body.messages], tools=tools)
+        return await _generate(state, request, body, prompt, framing, tools)
 
     @api.post("/api/generate", response_model=wire.OllamaGenerateResponse, response_model_exclude_none=True,
               responses=ndjson_doc("OllamaGenerateResponse"))
@@ -328,9 +337,10 @@ def _durations(timings: Timings, load_ns: int = 0) -> dict[str, int]:
 
 
 async def _generate(state: DaemonState, request: Request, body: wire.OllamaGenerationFields, prompt: Prompt,
-                    framing: Framing):
+                    framing: Framing, tools: list[dict] | None = None):
     """Submit to the scheduler, wait for the start (so that early errors keep their HTTP status),
-    then stream NDJSON or collect one answer."""
+    then stream NDJSON or collect one answer. With `tools`, what may be a call is held back until
+    the end, then sent as `message.tool_calls` or as text (runtime/tools.CallStream)."""
     params = sampling(body.options, await run_in_threadpool(format_grammar, body.format))
     keep_alive_seconds(body.keep_alive)
     timings = Timings()
@@ -338,12 +348,14 @@ async def _generate(state: DaemonState, request: Request, body: wire.OllamaGener
     job = state.scheduler.submit(route, prompt, params)
     timings.prompt_tokens = await streaming.started(request, job)
     timings.started = time.perf_counter_ns()
+    watcher = calling.CallStream(tools, state.engine.resident(route.base).tokenizer) if tools else None
     if body.stream:
         def close() -> None:
             job.cancel()
             _release(state, route, body.keep_alive)
 
-        return streaming.JobStreamingResponse(_lines(job, timings, framing), on_close=close, media_type=NDJSON)
+        return streaming.JobStreamingResponse(_lines(job, timings, framing, watcher), on_close=close,
+                                              media_type=NDJSON)
     parts, end = [], {"done_reason": "stop"}
     try:
         async with streaming.cancel_on_disconnect(request, job):
@@ -352,7 +364,10 @@ async def _generate(state: DaemonState, request: Request, body: wire.OllamaGener
                 end = _end(delta) or end
     finally:
         _release(state, route, body.keep_alive)
-    return framing.line("".join(parts), done=True, **end, **timings.stats())
+    text, calls = "".join(parts), []
+    if watcher is not None:
+        text, calls = await run_in_threadpool(calling.parse, text, tools, watcher.tokenizer)
+    return framing.line(text, done=True, calls=calls, **end, **timings.stats())
 
 
 def _end(delta) -> dict[str, str] | None:
@@ -371,14 +386,20 @@ async def _timed(job: Job, timings: Timings):
         yield delta
 
 
-async def _lines(job: Job, timings: Timings, framing: Framing) -> AsyncIterator[bytes]:
+async def _lines(job: Job, timings: Timings, framing: Framing,
+                 watcher: calling.CallStream | None = None) -> AsyncIterator[bytes]:
     """A line per piece of text, then a last line with `done`, the reason and the stats; a failure
-    mid-stream is one error line."""
+    mid-stream is one error line. Calls (with a `watcher`) go in one line before the last."""
     end = {"done_reason": "stop"}
     try:
         async for delta in _timed(job, timings):
-            if delta.text:
-                yield streaming.ndjson(framing.line(delta.text))
+            text = delta.text if watcher is None else watcher.feed(delta.text)
+            if text:
+                yield streaming.ndjson(framing.line(text))
+            if delta.finish_reason and watcher is not None:
+                rest, calls = await run_in_threadpool(watcher.finish)
+                if rest or calls:
+                    yield streaming.ndjson(framing.line(rest, calls=calls))
             end = _end(delta) or end
         yield streaming.ndjson(framing.line("", done=True, **end, **timings.stats()))
     except errors.ClientGone:

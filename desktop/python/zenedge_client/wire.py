@@ -465,7 +465,7 @@ class OllamaChatRequest(_OllamaChatRequestRequired, total=False):
     format: Union[Literal['', 'json'], Dict[str, Any], None]
     think: Union[bool, str, None]
     messages: List["OllamaMessage"]
-    tools: Union[List[Dict[str, Any]], None]
+    tools: Union[List["Tool"], None]
 
 
 class _OllamaChatResponseRequired(TypedDict):
@@ -548,6 +548,15 @@ class OllamaError(_OllamaErrorRequired, total=False):
     pass
 
 
+class _OllamaFunctionCallRequired(TypedDict):
+    name: str
+
+
+class OllamaFunctionCall(_OllamaFunctionCallRequired, total=False):
+    arguments: Dict[str, Any]
+    index: Union[int, None]
+
+
 class _OllamaGenerateRequestRequired(TypedDict):
     model: str
 
@@ -587,12 +596,14 @@ class OllamaGenerateResponse(_OllamaGenerateResponseRequired, total=False):
 
 
 class _OllamaMessageRequired(TypedDict):
-    role: Literal['system', 'user', 'assistant']
+    role: Literal['system', 'user', 'assistant', 'tool']
 
 
 class OllamaMessage(_OllamaMessageRequired, total=False):
     content: str
     images: Union[List[str], None]
+    tool_calls: Union[List["OllamaToolCall"], None]
+    tool_name: Union[str, None]
 
 
 class _OllamaModelRequired(TypedDict):
@@ -644,6 +655,7 @@ class OllamaOptions(_OllamaOptionsRequired, total=False):
 class _OllamaReplyMessageRequired(TypedDict):
     role: Literal['assistant']
     content: str
+    tool_calls: Union[List["OllamaToolCall"], None]
 
 
 class OllamaReplyMessage(_OllamaReplyMessageRequired, total=False):
@@ -695,6 +707,14 @@ class _OllamaTagsRequired(TypedDict):
 
 
 class OllamaTags(_OllamaTagsRequired, total=False):
+    pass
+
+
+class _OllamaToolCallRequired(TypedDict):
+    function: "OllamaFunctionCall"
+
+
+class OllamaToolCall(_OllamaToolCallRequired, total=False):
     pass
 
 
