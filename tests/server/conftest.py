@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.conftest import tiny_module_shapes, write_lora_dir
-from tests.server.harness import ThreadDaemon, make_home, one_torch_thread
+from tests.server.harness import ThreadDaemon, make_home, one_torch_thread, write_config
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,3 +69,23 @@ def registry(tmp_path, tiny_base_dir):
         "base": {"name": "tiny", "sha256": weights_sha256(tiny_base_dir)}}))
     build_registry(root)
     return f"file://{root}"
+
+
+@pytest.fixture(scope="module")
+def real_daemon(tmp_path_factory, real_base_dir):
+    """A daemon on the real default base (SmolLM2-135M-Instruct), float32 on the CPU."""
+    from zenedge import bases
+    from zenedge.digests import file_sha256
+    from zenedge.store import Store
+
+    root = tmp_path_factory.mktemp("real-daemon")
+    home, config_path = root / "home", root / "config.toml"
+    write_config(config_path, {"runtime": {"device": "cpu", "dtype": "float32", "weights": "full"}})
+    store = Store(home)
+    bases.add_hf_dir(store, real_base_dir, bases.DEFAULT_BASE, aliases=bases.DEFAULT_BASE_ALIASES,
+                     sha256=file_sha256(bases.default_base_gguf()))
+    store.close()
+    with one_torch_thread():
+        running = ThreadDaemon.start(home, config_path)
+        yield running
+        running.stop()

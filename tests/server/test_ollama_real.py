@@ -7,7 +7,6 @@ import httpx
 import ollama
 import pytest
 
-from tests.server.harness import ThreadDaemon, one_torch_thread, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -16,25 +15,6 @@ PAIRS = [("The cat sat on the mat.", "A kitten was sitting on the rug."),
          ("Quarterly revenue rose by eight percent.", "The stock market fell sharply today."),
          ("How do I bake sourdough bread?", "What is a good recipe for homemade bread?"),
          ("Python lists are mutable sequences.", "In Python, a list can be changed after it is created.")]
-
-
-@pytest.fixture(scope="module")
-def real_daemon(tmp_path_factory, real_base_dir):
-    from zenedge import bases
-    from zenedge.digests import file_sha256
-    from zenedge.store import Store
-
-    root = tmp_path_factory.mktemp("real-daemon")
-    home, config_path = root / "home", root / "config.toml"
-    write_config(config_path, {"runtime": {"device": "cpu", "dtype": "float32", "weights": "full"}})
-    store = Store(home)
-    bases.add_hf_dir(store, real_base_dir, bases.DEFAULT_BASE, aliases=bases.DEFAULT_BASE_ALIASES,
-                     sha256=file_sha256(bases.default_base_gguf()))
-    store.close()
-    with one_torch_thread():
-        running = ThreadDaemon.start(home, config_path)
-        yield running
-        running.stop()
 
 
 def test_node_embeddings_on_the_real_base(real_daemon):

@@ -55,7 +55,7 @@ class Grammar:
             raise InvalidInput(f"`{field}` is over {_MAX_SCHEMA_BYTES // 1024} KiB")
         from llguidance import LLMatcher
 
-        text = _compiled(lambda: LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_OPTIONS),
+        text = _compiled(lambda: LLMatcher.grammar_from_json_schema(tightened(schema), defaults=JSON_OPTIONS),
                          field)
         return cls(text, f"the schema in {field}")
 
@@ -174,15 +174,25 @@ class _DecodedVocabulary:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
-def closed_objects(schema: Any) -> Any:
-    """`schema` with every object that lists properties closed to others unless it says otherwise."""
+# Integers a schema leaves unbounded are held to JSON's safe range (JavaScript's
+# Number.MAX_SAFE_INTEGER): a small model otherwise writes digits until max_tokens (the 135M base
+# did in 3 of 20 answers), and no JSON reader keeps more precision than this anyway.
+SAFE_INTEGER = 2**53 - 1
+_BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+
+
+def tightened(schema: Any) -> Any:
+    """`schema` as zenedge decodes it: every object that lists properties closed to others unless
+    it says otherwise, and every unbounded integer held to ±SAFE_INTEGER."""
     if isinstance(schema, list):
-        return [closed_objects(item) for item in schema]
+        return [tightened(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: value if key in _VALUES else closed_objects(value) for key, value in schema.items()}
+    out = {key: value if key in _VALUES else tightened(value) for key, value in schema.items()}
     if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
         out["additionalProperties"] = False
+    if schema.get("type") == "integer" and not _BOUNDS & set(schema):
+        out.update(minimum=-SAFE_INTEGER, maximum=SAFE_INTEGER)
     return out
 
 

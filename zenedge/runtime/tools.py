@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from zenedge.errors import InvalidInput
-from zenedge.runtime.grammar import JSON_OPTIONS, Grammar, closed_objects
+from zenedge.runtime.grammar import JSON_OPTIONS, Grammar, tightened
 from zenedge.runtime.prompts import tool_style as style
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -109,7 +109,7 @@ def call_grammar(tools: Sequence[dict], only: str | None = None) -> Grammar:
         key = "parameters" if name == "llama3" else "arguments"
         options = [{"type": "object", "properties": {"name": {"const": f["name"]}, key: f["parameters"]},
                     "required": ["name", key], "additionalProperties": False} for f in functions]
-        call = json.dumps({"anyOf": closed_objects(options), "x-guidance": JSON_OPTIONS})
+        call = json.dumps({"anyOf": tightened(options), "x-guidance": JSON_OPTIONS})
         if name == "llama3":
             lark = f"start: %json {call}"
         else:
