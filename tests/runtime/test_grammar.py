@@ -123,3 +123,14 @@ def test_an_unbounded_integer_ends_within_the_safe_range(engine):
     for seed in range(6):
         out = engine.complete("tiny", CHAT, constrained({"type": "integer"}, temperature=1.5, seed=seed))
         assert out.finish_reason == "stop" and abs(int(out.text)) <= SAFE_INTEGER
+
+
+def test_an_answer_near_its_token_limit_closes_its_json(engine):
+    """Free strings on a random model run on; near max_tokens the row takes only tokens that end
+    the JSON (a quote, a bracket, then a comma towards the keys still owed), so it finishes whole."""
+    free = {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"}},
+            "required": ["s", "n"]}
+    for seed in range(8):
+        out = engine.complete("tiny", CHAT, constrained(free, temperature=1.5, seed=seed, max_tokens=60))
+        assert out.finish_reason == "stop", out.text
+        jsonschema.validate(json.loads(out.text), free)

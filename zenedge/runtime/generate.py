@@ -25,7 +25,7 @@ import torch
 
 from zenedge.errors import ContextLengthExceeded, InvalidInput
 from zenedge.runtime.decode import Stepper, open_stepper
-from zenedge.runtime.grammar import GrammarState
+from zenedge.runtime.grammar import GrammarState, closing_window
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.sampling import Sampler, SamplingParams
@@ -115,7 +115,8 @@ class _Row:
             if self.grammar is None:
                 width = max(logits.shape[-1], len(self.tokenizer))   # the head may be padded, or short
                 self.grammar = self.params.grammar.start(self.tokenizer, width, tuple(sorted(self.eos_ids)))
-            logits = self.grammar.mask(logits)
+            closing = len(self.ids) >= self.limit - closing_window(self.limit)   # end the JSON in time
+            logits = self.grammar.mask(logits, closing)
             if logits is None:
                 return None
         return self.sampler.choose(logits, self.prompt, self.ids)
