@@ -12,13 +12,14 @@ from zenedge import bases
 from zenedge.config import Config
 from zenedge.errors import InvalidInput
 from zenedge.runtime import threads
+from zenedge.runtime import tools as calling
 from zenedge.runtime.cache import DeltaCache
 from zenedge.runtime.decode import decode_path
 from zenedge.runtime.dense_bitdelta import DenseBitDeltas
 from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
 from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, check_fits, generate
 from zenedge.runtime.model import ResidentModel, load_resident
-from zenedge.runtime.prompts import encode_chat, encode_text
+from zenedge.runtime.prompts import check_messages, encode_chat, encode_text
 from zenedge.runtime.router import Route, Router
 from zenedge.runtime.variants import Variant, load_bitdelta, load_lora
 from zenedge.store import Store
@@ -35,7 +36,11 @@ class Prompt:
 
     def encode(self, tokenizer) -> list[int]:
         if self.messages is not None:
-            return encode_chat(tokenizer, self.messages, self.tools)
+            check_messages(self.messages)
+            if self.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in self.messages):
+                messages, passed = calling.messages_for_template(tokenizer, self.messages, self.tools)
+                return encode_chat(tokenizer, messages, passed)
+            return encode_chat(tokenizer, self.messages)
         if self.text is not None:
             return encode_text(tokenizer, self.text)
         raise InvalidInput("a request needs messages or a prompt")

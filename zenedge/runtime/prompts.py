@@ -35,18 +35,18 @@ def tool_style(tokenizer) -> str:
     return "hermes" if "tools" in template else "fallback"
 
 
-def encode_chat(tokenizer, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
-    """A request's chat messages (and the tools it offers) → token ids, each message checked first."""
+def encode_chat(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> list[int]:
+    """A request's chat messages → token ids, each message checked first. `tools`: what the
+    template renders (runtime/tools.messages_for_template prepares both)."""
+    check_messages(messages)
+    return chat_ids(tokenizer, messages, tools=tools)
+
+
+def check_messages(messages: Sequence[dict]) -> None:
     for message in messages:
         if not isinstance(message, dict) or message.get("role") not in {"system", "user", "assistant", "tool"} \
                 or not isinstance(message.get("content"), str):
             raise InvalidInput("each message needs a role (system, user, assistant, tool) and string content")
-    if tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages):
-        from zenedge.runtime.tools import messages_for_template
-
-        messages, passed = messages_for_template(tokenizer, messages, tools)
-        return chat_ids(tokenizer, messages, tools=passed)
-    return chat_ids(tokenizer, messages)
 
 
 def encode_text(tokenizer, prompt: str) -> list[int]:
