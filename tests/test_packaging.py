@@ -20,10 +20,10 @@ def test_every_subpackage_is_listed_in_pyproject():
     assert found == listed, f"pyproject packages out of date: missing {found - listed}, extra {listed - found}"
 
 
-# The only names the tree makes importable from its root: zenedge itself, and the suite's helpers
-# (pytest imports them as `tests.…`). Every other top-level folder is a plain folder, or at most a
-# namespace portion, which any installed package of the same name outranks.
-TOP_LEVEL_PACKAGES = {"zenedge", "tests"}
+# The only name the tree makes importable from its root: zenedge itself. Every other top-level
+# folder, tests/ included (pytest imports it as a namespace package: pyproject's pytest options),
+# is a plain folder or a namespace portion, which any installed package of the same name outranks.
+TOP_LEVEL_PACKAGES = {"zenedge"}
 
 
 def _importable_from_the_root() -> set[str]:
@@ -33,7 +33,7 @@ def _importable_from_the_root() -> set[str]:
         (entry.is_dir() and (entry / "__init__.py").exists()) or entry.suffix == ".py")}
 
 
-def test_no_top_level_folder_is_a_package_but_zenedge_and_tests():
+def test_no_top_level_folder_is_a_package_but_zenedge():
     """Regression: kernels/__init__.py made the repository's kernels/ the top-level `kernels` for
     anything started in the root (`python -m zenedge.cli serve`, pytest), and transformers 5.25's
     `from kernels import CUDAProperties` (PyPI's `kernels`) failed on it: every first `pull` did."""
@@ -54,7 +54,7 @@ def test_an_installed_package_outranks_every_top_level_folder(tmp_path):
     first on sys.path, as `python -m` and `python -c` put it), `import NAME` must load the decoy."""
     folders = sorted(entry.name for entry in REPO.iterdir()
                      if entry.is_dir() and entry.name.isidentifier() and entry.name not in TOP_LEVEL_PACKAGES)
-    assert {"kernels", "profiles", "tools", "desktop"} <= set(folders)
+    assert {"kernels", "tests", "profiles", "tools", "desktop"} <= set(folders)
     site = tmp_path / "site-packages"
     for name in folders:
         (site / name).mkdir(parents=True)

@@ -2,12 +2,12 @@
 pydantic-ai, langchain (OpenAI and Ollama) and the official clients. Wherever the request fixes
 the output (a schema, JSON mode, a required or named tool call) every answer must validate;
 where the model may choose ("auto" tools), every call it makes must. A few seeded tries per case
-here (the answers are reproducible, so a pass is not luck); tests/agent_libraries.py runs 20 per
-case and prints the table.
+here (the answers are reproducible, so a pass is not luck); `python -m tests.agent_libraries` runs
+20 per case and prints the table (benchmarks/*-agent-libraries.md).
 
-What is guaranteed is that a finished answer validates. An answer cut at max_tokens cannot: at the
-libraries' default temperature (1.0) the 135M base sometimes writes a free string until the end
-(about 1 answer in 20 at 160 tokens), which no grammar can close without changing the text."""
+Near max_tokens a constrained answer is wrapped up (runtime/grammar.py closes its JSON): before
+that, at the libraries' default temperature (1.0), the 135M base cut about 1 answer in 20 at 160
+tokens inside a free string, which could not validate."""
 
 from __future__ import annotations
 
