@@ -75,24 +75,24 @@ class Grammar:
         return dict(self.styles).get(tool_style(tokenizer), self.text) if self.styles else self.text
 
     def start(self, tokenizer, vocab_size: int, eos_ids: tuple[int, ...]) -> "GrammarState":
-        return GrammarState(self, self.for_tokenizer(tokenizer), _lltokenizer(tokenizer, vocab_size, eos_ids))
+        return GrammarState(self, self.for_tokenizer(tokenizer), _vocabulary(tokenizer, vocab_size, eos_ids))
 
     def accepts(self, text: str, tokenizer) -> bool:
         """Whether `text` is a whole output of this grammar (as the tokenizer splits it)."""
         from llguidance import LLMatcher
 
-        matcher = LLMatcher(_any_lltokenizer(tokenizer), self.for_tokenizer(tokenizer), log_level=0)
+        matcher = LLMatcher(_any_vocabulary(tokenizer).lltokenizer, self.for_tokenizer(tokenizer), log_level=0)
         return matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and matcher.is_accepting()
 
 
 class GrammarState:
     """One row's place in its grammar: which tokens may come next, and the tokens taken."""
 
-    def __init__(self, grammar: Grammar, text: str, lltokenizer):
+    def __init__(self, grammar: Grammar, text: str, vocabulary: _Vocabulary):
         from llguidance import LLMatcher
 
-        self.grammar, self.lltokenizer = grammar, lltokenizer
-        self.matcher = LLMatcher(lltokenizer, text, log_level=0)   # errors are read, not printed
+        self.grammar, self.vocabulary = grammar, vocabulary
+        self.matcher = LLMatcher(vocabulary.lltokenizer, text, log_level=0)   # errors are read, not printed
 
     def allowed(self) -> torch.Tensor:
         """[vocab] bool: the tokens the grammar admits next (EOS among them where it may end)."""
@@ -102,7 +102,7 @@ class GrammarState:
     def mask(self, logits: torch.Tensor, closing: bool = False) -> torch.Tensor | None:
         """The row's logits with inadmissible tokens at -inf, or None when no token is admissible.
         `closing` (the row's token budget is nearly spent): of the admissible tokens, only those
-        that bring the JSON nearer its end, where there are any (`_closers`)."""
+        that bring the JSON nearer its end, where there are any (`_CLOSING`)."""
         allowed, width = self.allowed(), logits.shape[-1]
         if allowed.numel() < width:   # ids past the tokenizer's (a padded head) are never admissible
             allowed = torch.cat([allowed, allowed.new_zeros(width - allowed.numel())])
@@ -110,7 +110,7 @@ class GrammarState:
         if not bool(allowed.any()):
             return None
         if closing:
-            for closers in _closers(self.lltokenizer, width):
+            for closers in self.vocabulary.closers(width):
                 if bool((narrowed := allowed & closers).any()):
                     allowed = narrowed
                     break
@@ -137,46 +137,54 @@ def closing_window(limit: int) -> int:
 
 
 # What ends JSON soonest, first choice first: a quote (inside a string, the only way out; a
-# bracket there is text), a closing bracket, then a comma (the way on to a key still owed). Without this, a small
-# model at temperature 1 writes a free string until max_tokens about once in 20 answers, and a
-# cut answer never validates.
+# bracket there is text), a closing bracket, then a comma (the way on to a key still owed).
+# Without this, a small model at temperature 1 writes a free string until max_tokens about once
+# in 20 answers, and a cut answer never validates.
 _CLOSING = (b'"', b"}]", b",")
-_CLOSERS: dict[int, tuple[Any, dict]] = {}   # id → (the LLTokenizer, kept alive so the id stays its; by width)
 
 
-def _closers(lltokenizer, width: int) -> tuple[torch.Tensor, ...]:
-    """[width] bool per class of _CLOSING: the tokens holding one of its bytes (and no backslash,
-    which would escape a quote instead of closing on it)."""
-    with _LOCK:
-        cached = _CLOSERS.setdefault(id(lltokenizer), (lltokenizer, {}))[1]
-        if width not in cached:
-            texts = [lltokenizer.decode_bytes([i]) if i < lltokenizer.vocab_size else b"" for i in range(width)]
-            cached[width] = tuple(torch.tensor([b"\\" not in t and any(c in t for c in chars) for t in texts])
-                                  for chars in _CLOSING)
-        return cached[width]
+class _Vocabulary:
+    """llguidance's view of one tokenizer, and (built on first need) the tokens that close JSON."""
+
+    def __init__(self, lltokenizer):
+        self.lltokenizer = lltokenizer
+        self._closers: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def closers(self, width: int) -> tuple[torch.Tensor, ...]:
+        """[width] bool per class of _CLOSING: the tokens holding one of its bytes (and no
+        backslash, which would escape a quote instead of closing on it)."""
+        with _LOCK:
+            if width not in self._closers:
+                view = self.lltokenizer
+                texts = [view.decode_bytes([i]) if i < view.vocab_size else b"" for i in range(width)]
+                self._closers[width] = tuple(
+                    torch.tensor([b"\\" not in t and any(c in t for c in chars) for t in texts])
+                    for chars in _CLOSING)
+            return self._closers[width]
 
 
-# llguidance's view of a tokenizer takes ~0.3 s to build on a 49k vocabulary: one per tokenizer.
-_LLTOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# llguidance's view of a tokenizer takes ~0.3 s to build on a 49k vocabulary: one per tokenizer
+# (and width and EOS ids), which lives as long as the tokenizer does.
+_VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def _any_lltokenizer(tokenizer):
+def _any_vocabulary(tokenizer) -> _Vocabulary:
     """A view of `tokenizer` for checking a text, where any width will do: a row's, if one was built."""
     with _LOCK:
-        built = next(iter(_LLTOKENIZERS.get(tokenizer, {}).values()), None)
+        built = next(iter(_VOCABULARIES.get(tokenizer, {}).values()), None)
     if built is not None:
         return built
     eos = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
-    return _lltokenizer(tokenizer, len(tokenizer), eos)
+    return _vocabulary(tokenizer, len(tokenizer), eos)
 
 
-def _lltokenizer(tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
+def _vocabulary(tokenizer, vocab_size: int, eos_ids: tuple[int, ...]) -> _Vocabulary:
     key = (vocab_size, tuple(eos_ids))
     with _LOCK:
-        cached = _LLTOKENIZERS.setdefault(tokenizer, {})
+        cached = _VOCABULARIES.setdefault(tokenizer, {})
         if key not in cached:
-            cached[key] = _build_lltokenizer(tokenizer, vocab_size, list(eos_ids))
+            cached[key] = _Vocabulary(_build_lltokenizer(tokenizer, vocab_size, list(eos_ids)))
         return cached[key]
 
 
