@@ -19,7 +19,7 @@ from zenedge.runtime.dense_bitdelta import DenseBitDeltas
 from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
 from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, check_fits, generate
 from zenedge.runtime.model import ResidentModel, load_resident
-from zenedge.runtime.prompts import check_messages, encode_chat, encode_text
+from zenedge.runtime.prompts import chat_ids, check_messages, encode_chat, encode_text
 from zenedge.runtime.router import Route, Router
 from zenedge.runtime.variants import Variant, load_bitdelta, load_lora
 from zenedge.store import Store
@@ -36,10 +36,11 @@ class Prompt:
 
     def encode(self, tokenizer) -> list[int]:
         if self.messages is not None:
-            check_messages(self.messages)
-            if self.tools or any(m["role"] == "tool" or m.get("tool_calls") for m in self.messages):
+            if self.tools or any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls"))
+                                 for m in self.messages):
+                check_messages(self.messages)   # as sent; what the template gets is built from them
                 messages, passed = calling.messages_for_template(tokenizer, self.messages, self.tools)
-                return encode_chat(tokenizer, messages, passed)
+                return chat_ids(tokenizer, messages, tools=passed)
             return encode_chat(tokenizer, self.messages)
         if self.text is not None:
             return encode_text(tokenizer, self.text)

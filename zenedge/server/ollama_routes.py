@@ -348,8 +348,10 @@ async def _generate(state: DaemonState, request: Request, body: wire.OllamaGener
     job = state.scheduler.submit(route, prompt, params)
     timings.prompt_tokens = await streaming.started(request, job)
     timings.started = time.perf_counter_ns()
-    watcher = calling.CallStream(tools, state.engine.resident(route.base).tokenizer) if tools else None
+    tokenizer = state.engine.resident(route.base).tokenizer if tools else None
     if body.stream:
+        watcher = calling.CallStream(tools, tokenizer) if tokenizer is not None else None
+
         def close() -> None:
             job.cancel()
             _release(state, route, body.keep_alive)
@@ -365,8 +367,8 @@ async def _generate(state: DaemonState, request: Request, body: wire.OllamaGener
     finally:
         _release(state, route, body.keep_alive)
     text, calls = "".join(parts), []
-    if watcher is not None:
-        text, calls = await run_in_threadpool(calling.parse, text, tools, watcher.tokenizer)
+    if tokenizer is not None:
+        text, calls = await run_in_threadpool(calling.parse, text, tools, tokenizer)
     return framing.line(text, done=True, calls=calls, **end, **timings.stats())
 
 

@@ -138,17 +138,16 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
         prompt = Prompt(messages=[m.for_template() for m in body.messages], tools=plan.tools)
         ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         job, prompt_tokens = await submit(request, body.model, prompt, params)
-        watcher = None
-        if plan.mode != "none":
-            watcher = calling.CallStream(plan.tools, state.engine.resident(job.route.base).tokenizer)
+        tokenizer = state.engine.resident(job.route.base).tokenizer if plan.mode != "none" else None
         if body.stream:
+            watcher = calling.CallStream(plan.tools, tokenizer) if tokenizer is not None else None
             events = _stream(job, prompt_tokens, _include_usage(body), ChatFraming(ident, created, body.model),
                              watcher)
             return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
         outcome = await streaming.collect(request, job, prompt_tokens)
         message, reason = wire.AssistantMessage(content=outcome.text), outcome.finish_reason
-        if watcher is not None:
-            content, calls = await run_in_threadpool(calling.parse, outcome.text, plan.tools, watcher.tokenizer)
+        if tokenizer is not None:
+            content, calls = await run_in_threadpool(calling.parse, outcome.text, plan.tools, tokenizer)
             if calls:
                 message = wire.AssistantMessage(content=content or None, tool_calls=wire_calls(calls))
                 reason = "tool_calls"
