@@ -147,6 +147,10 @@ class RuntimeSettings:
 class ServerSettings:
     socket: str = setting(_string, "", "Unix socket path (empty: <runtime dir>/zenedge.sock)")
     tcp: str = setting(_tcp, "", 'optional loopback TCP listener, e.g. "127.0.0.1:11435"')
+    tcp_auth: str = setting(_choice("token", "loopback"), "token",
+                            '"token": every TCP request but /health sends the bearer token; "loopback": a client '
+                            "on 127.0.0.1 or ::1 needs none (Ollama's way: any local program may then use the "
+                            "daemon; the Host and Origin checks still keep web pages out)")
     cors_origins: tuple[str, ...] = setting(_strings, ["tauri://localhost", "http://tauri.localhost",
                                                        "https://tauri.localhost"], "origins allowed by CORS")
     max_queue: int = setting(_int_at_least(1), 64, "queued generation requests before 503")

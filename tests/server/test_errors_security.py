@@ -112,6 +112,55 @@ def test_tcp_needs_the_token_except_for_health(daemon):
         assert local.get("/api/ps").status_code == 200
 
 
+# What a web page's requests to the daemon look like: a CORS fetch (its Origin), DNS rebinding (its
+# Host), an <img> or a no-cors fetch (no Origin, but the browser's Sec-Fetch-Site).
+PAGE_HEADERS = ({"Origin": "https://evil.example"}, {"Origin": "null"}, {"Host": "evil.example:11435"},
+                {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"})
+
+
+@pytest.mark.parametrize("headers", PAGE_HEADERS)
+def test_a_page_is_refused_even_with_the_token(daemon, headers):
+    with daemon.tcp() as client:
+        assert error_of(client.get("/api/tags", headers=headers), 403)["code"] == "forbidden"
+        assert error_of(client.post("/v1/chat/completions", json=chat_body("p0", "hi"), headers=headers), 403)
+        assert client.get("/api/tags", headers={"Sec-Fetch-Site": "none"}).status_code == 200   # typed in the bar
+
+
+def test_loopback_mode_needs_no_token_from_this_machine_and_still_refuses_pages(fresh_daemon):
+    running = fresh_daemon(config={"server": {"tcp_auth": "loopback"}})
+    with running.tcp(token=None) as anonymous, running.tcp(token="ollama") as placeholder:
+        for client in (anonymous, placeholder):   # what Ollama clients send: nothing, or a dummy key
+            assert client.get("/api/tags").status_code == 200
+            answer = client.post("/v1/chat/completions", json=chat_body("p0", "hi", max_tokens=3))
+            assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] is not None
+        for headers in PAGE_HEADERS:
+            assert error_of(anonymous.get("/api/tags", headers=headers), 403)["code"] == "forbidden"
+            assert error_of(anonymous.post("/v1/chat/completions", json=chat_body("p0", "hi"), headers=headers), 403)
+
+
+def test_loopback_mode_trusts_only_loopback_addresses():
+    import anyio
+    import httpx
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"in"})
+
+    async def status(client_address: str, trusted: bool, token: str | None = None) -> int:
+        guarded = security.TokenAuth(app, token="secret", loopback_is_trusted=lambda: trusted)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        transport = httpx.ASGITransport(guarded, client=(client_address, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost:11435") as client:   # a port: TCP
+            return (await client.get("/api/tags", headers=headers)).status_code
+
+    for address in ("127.0.0.1", "127.3.4.5", "::1", "::ffff:127.0.0.1"):
+        assert anyio.run(status, address, True) == 200
+        assert anyio.run(status, address, False) == 401             # the default, "token"
+    for address in ("10.0.0.5", "192.168.1.20", "fe80::1", "::ffff:10.0.0.5", "not-an-address"):
+        assert anyio.run(status, address, True) == 401              # off this machine: the token, always
+        assert anyio.run(status, address, True, "secret") == 200
+
+
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:11435", "127.0.0.1.evil.example", "0.0.0.0", "",
                                   "localhost@evil.example"])
 def test_foreign_host_is_403_on_both_listeners(daemon, host):

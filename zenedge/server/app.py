@@ -32,7 +32,8 @@ def create_app(state: DaemonState, background: Background) -> FastAPI:
     errors.install(app)
     # add_middleware wraps: the last one added runs first. Order of checks: Host/Origin, token, size.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(TokenAuth, token=settings.token)
+    app.add_middleware(TokenAuth, token=settings.token,
+                       loopback_is_trusted=lambda: state.cfg.server.tcp_auth == "loopback")
     extra_hosts = []
     if settings.tcp and settings.allow_remote:  # a remote client names the address it reached
         host = settings.tcp[0]

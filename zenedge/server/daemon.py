@@ -157,7 +157,10 @@ class Daemon:
         self.announce(f"zenedge {__version__} daemon (pid {os.getpid()}) serving {settings.home}")
         self.announce(f"  unix socket  {socket_path}")
         if tcp:
-            self.announce(f"  tcp          http://{tcp}  (bearer token: {settings.token_source})")
+            auth = f"bearer token: {settings.token_source}"
+            if self.state.cfg.server.tcp_auth == "loopback":
+                auth = f"no token from loopback (server.tcp_auth); from elsewhere the {auth}"
+            self.announce(f"  tcp          http://{tcp}  ({auth})")
         for note in settings.notes:
             self.announce(f"note: {note}")
         self.started.set()

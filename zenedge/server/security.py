@@ -4,10 +4,14 @@
    on every listener, which defeats DNS rebinding (a page on evil.example that resolves to
    127.0.0.1 still sends `Host: evil.example`). A request with an Origin header must come from a
    configured origin (`server.cors_origins`, re-read on config reload); allowed origins get CORS
-   headers and their preflights are answered here, before authentication.
+   headers and their preflights are answered here, before authentication. A request without an
+   Origin that a browser marks as a page's (`Sec-Fetch-Site: cross-site` or `same-site`: an
+   <img> or a no-cors fetch) is refused too.
 2. TokenAuth: over TCP every endpoint except /health needs `Authorization: Bearer <token>`. The
    Unix socket needs none: it is 0600 in a 0700 directory, so reaching it already proves the user.
-   A request whose listener cannot be told apart is treated as TCP (fail closed).
+   A request whose listener cannot be told apart is treated as TCP (fail closed). With
+   `server.tcp_auth = "loopback"` (re-read on reload) a client on 127.0.0.1 or ::1 needs none
+   either, and whatever it sends as a token is not read (clients send "ollama" or "sk-…").
 3. BodyLimit: request bodies above a limit (1 MiB) are refused with 413 before any parsing. Every
    endpoint takes JSON, so a body is parsed as JSON whatever its Content-Type says (`curl -d`
    sends form encoding): malformed JSON is then a 400, not a confusing schema error.
@@ -16,6 +20,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import re
 from typing import Callable, Iterable
 
@@ -50,6 +55,18 @@ def over_unix_socket(scope) -> bool:
     return server is not None and len(server) == 2 and server[1] is None
 
 
+def from_loopback(scope) -> bool:
+    """The client's address is 127.0.0.0/8 or ::1 (an IPv4-mapped ::ffff:127.x counts)."""
+    client = scope.get("client")
+    try:
+        address = ipaddress.ip_address(client[0])
+    except (TypeError, IndexError, ValueError):
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
 async def _refuse(scope, receive, send, exc) -> None:
     await errors.response(exc)(scope, receive, send)
 
@@ -70,6 +87,10 @@ class LocalOnly:
                 hint="a web page reached the daemon through DNS rebinding, or a client sent a wrong Host"))
         origin = header(scope, b"origin")
         if origin is None:
+            if header(scope, b"sec-fetch-site") in ("cross-site", "same-site"):
+                return await _refuse(scope, receive, send, errors.Forbidden(
+                    "a web page's request (Sec-Fetch-Site without an Origin) is not allowed",
+                    hint="fetch with CORS from an origin in server.cors_origins"))
             return await self.app(scope, receive, send)
         if origin not in set(self.origins()):
             return await _refuse(scope, receive, send, errors.Forbidden(
@@ -96,19 +117,23 @@ class LocalOnly:
 
 
 class TokenAuth:
-    def __init__(self, app, token: str | None):
+    def __init__(self, app, token: str | None, loopback_is_trusted: Callable[[], bool] = lambda: False):
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
+        self.loopback_is_trusted = loopback_is_trusted
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or over_unix_socket(scope) or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        if from_loopback(scope) and self.loopback_is_trusted():
             return await self.app(scope, receive, send)
         given = (header(scope, b"authorization") or "").encode("latin-1")
         if self.expected is None or not hmac.compare_digest(given, self.expected):
             what = "a missing" if not given else "a wrong"
             return await _refuse(scope, receive, send, errors.Unauthorized(
                 f"{what} bearer token", hint="send `Authorization: Bearer <token>` (the token file is "
-                                             "<home>/token, or ZENEDGE_TOKEN)"))
+                                             '<home>/token, or ZENEDGE_TOKEN), or set server.tcp_auth = '
+                                             '"loopback" for clients on this machine'))
         return await self.app(scope, receive, send)
 
 

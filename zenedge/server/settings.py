@@ -92,7 +92,7 @@ def resolve(cfg: Config, *, socket: str | None = None, tcp: str | None = None, a
     address = parse_tcp(tcp_value) if tcp_value else None
     if address and not is_loopback(address[0]) and not allow_remote:
         raise InvalidInput(f"{address[0]} is not a loopback address: listening there exposes the daemon to "
-                           "the network", hint="pass --allow-remote to do it anyway (the token is always required)")
+                           "the network", hint="pass --allow-remote to do it anyway (a client off this machine always needs the token)")
     token, source = load_or_create_token(home) if address else (None, "")
     return Settings(home=home, config_path=cfg.path, socket=choice.path,
                     socket_is_default=not configured or choice.note is not None,
