@@ -138,7 +138,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
      "response_format.json_schema.schema"),
     (dict(functions=[{"name": "f", "parameters": {"type": "object"}}]), "functions"),
     (dict(tool_choice="required"), "tool_choice"),
-    (dict(logprobs=True, top_logprobs=2), "logprobs"),
+    (dict(top_logprobs=2), "top_logprobs"),
     (dict(reasoning_effort="low"), "reasoning_effort"),
     (dict(extra_body={"top_k": 5}), "top_k"),
 ])

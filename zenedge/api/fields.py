@@ -54,7 +54,7 @@ def _shown(value: Any) -> str:
     return json.dumps(value)
 
 
-_LOGPROBS = "log-probabilities are not returned"
+_LOGPROBS = "log-probabilities are returned on /v1 (OpenAI's API) only"
 _FUNCTIONS = "the deprecated functions API is not supported: send `tools`"
 _RUNNER = "Ollama's runner settings (memory, threads, GPUs, batch, context): zenedge sizes its own"
 
@@ -73,8 +73,6 @@ OPENAI_CHAT: dict[str, Rule] = {
     "modalities": only(["text"], why="zenedge answers in text"),
     "audio": refused("zenedge answers in text"),
     "logit_bias": empty("logit biases are not applied"),
-    "logprobs": only(False, why=_LOGPROBS),
-    "top_logprobs": only(0, why=_LOGPROBS),
     "functions": empty(_FUNCTIONS),
     "function_call": only("none", "auto", why=_FUNCTIONS),
     "reasoning_effort": refused("the model does not reason before answering"),
@@ -87,7 +85,6 @@ OPENAI_CHAT: dict[str, Rule] = {
 OPENAI_COMPLETION: dict[str, Rule] = {
     "user": OPENAI_CHAT["user"],
     "logit_bias": OPENAI_CHAT["logit_bias"],
-    "logprobs": only(0, False, why=_LOGPROBS),
     "best_of": only(1, why="one candidate is generated per choice"),
     "echo": only(False, why="the prompt is not repeated in the answer"),
     "suffix": only("", why="fill-in-the-middle is not supported"),

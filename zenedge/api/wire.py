@@ -5,7 +5,7 @@ Three families:
   types): nothing is ignored silently. A field the model declares is honoured; any other field
   the official clients send is accepted only where it cannot change the answer, or at the value
   that asks for nothing (`tools: []`, `top_k: 0`), and refused with a 400 naming it otherwise
-  (the rules, field by field: fields.py). `n` is pinned to 1. Declared fields whose meaning
+  (the rules, field by field: fields.py). Declared fields whose meaning
   zenedge cannot honour (images, tools) are refused by the routes.
   `/api/pull` and `/api/ps` serve both the native and Ollama's shape in one body.
 - Native (`/api/*`): requests are strict (an unknown field is a 422, so a typo never falls back
@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from zenedge.api import fields
 from zenedge.errors import InvalidInput
 
 MAX_TOKENS = 65536  # SamplingParams' own limit
+MAX_CHOICES = 8  # `n`: a batch's rows (the daemon's max_batch)
+MAX_TOP_LOGPROBS = 20  # SamplingParams' own limit
 MAX_EMBEDDING_INPUTS = 256  # texts per embedding request (each also bounded in tokens: runtime/embed.py)
 
 
@@ -177,7 +179,9 @@ class SamplingFields(Honoured):
     stop: Annotated[str, Field(min_length=1, max_length=256)] | StopStrings | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] | None = Field(1, description="only one choice per request")
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = Field(
+        1, description=f"choices (1-{MAX_CHOICES}), decoded as rows of one batch; with a seed, choice i samples with "
+                       "seed + i")
 
 
 class JsonSchemaFormat(Honoured):
@@ -231,6 +235,10 @@ class NamedToolChoice(Honoured):
 class ChatCompletionRequest(SamplingFields):
     unhonoured = fields.OPENAI_CHAT
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = Field(None, description="each answer token's log-probability under the model (its "
+                                                    "logits before penalties, temperature and any grammar)")
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description="with logprobs: the likeliest tokens at each position, and theirs")
     max_completion_tokens: TokenCount | None = Field(None, description="preferred over max_tokens")
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(None, max_length=128)
@@ -242,6 +250,14 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     unhonoured = fields.OPENAI_COMPLETION
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(
+        None, description="each token's log-probability and the likeliest this many at its position (0-5); "
+                          "false or absent: none")
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _false_is_none(cls, value: Any) -> Any:
+        return None if value is False else value   # SDKs send false for "none" (and 0 asks for some)
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
                                                             Field(min_length=1, max_length=1)]
 
@@ -264,10 +280,26 @@ class AssistantMessage(Reply):
     tool_calls: list[ToolCall] | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str = Field(description="the token's text (bytes that are not whole UTF-8 as U+FFFD)")
+    logprob: float
+    bytes: list[int] = Field(description="the token's UTF-8 bytes")
+
+
+class TokenLogprobs(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(description="the likeliest tokens at this position, likeliest first")
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobs] | None
+    refusal: list[TokenLogprobs] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: FinishReason
+    logprobs: ChoiceLogprobs | None = None
     error: str | None = RowError
 
 
@@ -294,6 +326,7 @@ class ChunkChoice(BaseModel):
     index: int
     delta: ChunkDelta
     finish_reason: FinishReason | None = None
+    logprobs: ChoiceLogprobs | None = None
     error: str | None = RowError
 
 
@@ -309,10 +342,20 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions' shape: one entry per token in each list."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int] = Field(description="where each token starts in the choice's text (characters)")
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: FinishReason | None = None
+    logprobs: CompletionLogprobs | None = None
     error: str | None = RowError
 
 

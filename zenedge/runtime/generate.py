@@ -28,7 +28,7 @@ from zenedge.runtime.decode import Stepper, open_stepper
 from zenedge.runtime.grammar import GrammarState, closing_window
 from zenedge.runtime.layers import RowVariants
 from zenedge.runtime.model import ResidentModel
-from zenedge.runtime.sampling import Sampler, SamplingParams
+from zenedge.runtime.sampling import Sampler, SamplingParams, TokenLogprob
 from zenedge.runtime.variants import Variant
 
 
@@ -55,6 +55,7 @@ class Delta:
     token_id: int | None
     finish_reason: str | None = None   # "stop" (eos, stop string, grammar complete) | "length" | "error"
     error: str | None = None           # with "error": one line saying why the row ended
+    logprob: TokenLogprob | None = None   # with SamplingParams.logprobs, for a token of the text
 
 
 def check_fits(resident: ResidentModel, input_ids: Sequence[int]) -> None:
@@ -121,10 +122,13 @@ class _Row:
                 return None
         return self.sampler.choose(logits, self.prompt, self.ids)
 
-    def take(self, token: int | None) -> Delta:
-        """The row's next token: its delta, and the token the next step feeds (None when done)."""
+    def take(self, token: int | None, logits: torch.Tensor) -> Delta:
+        """The row's next token, chosen from `logits`: its delta, and the token the next step feeds
+        (None when done)."""
         delta = self.advance(token)
         self.pending = None if self.done else token
+        if self.params.logprobs is not None and delta.token_id is not None and token not in self.eos_ids:
+            delta.logprob = TokenLogprob.of(logits, token, self.params.logprobs)
         return delta
 
     def advance(self, token: int | None) -> Delta:
@@ -268,7 +272,7 @@ class _Rows:
         greedy = None
         if any(on and row.plain_greedy for row, on in zip(self.slots, live)):
             greedy = logits.argmax(dim=-1).tolist()
-        return [row.take(greedy[slot] if row.plain_greedy else row.choose(logits[slot]))
+        return [row.take(greedy[slot] if row.plain_greedy else row.choose(logits[slot]), logits[slot])
                 for slot, (row, on) in enumerate(zip(self.slots, live)) if on]
 
     def _prefill(self) -> list[Delta]:
@@ -293,5 +297,5 @@ class _Rows:
             spent += len(chunk)
             row.prefilled += len(chunk)
             if not row.prefilling:
-                deltas.append(row.take(row.choose(logits)))
+                deltas.append(row.take(row.choose(logits), logits))
         return deltas

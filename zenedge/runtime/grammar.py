@@ -169,6 +169,12 @@ _VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
+def token_bytes(tokenizer, token: int) -> bytes:
+    """The bytes `token` stands for (a byte-level token may hold part of a character; a special
+    token, its name)."""
+    return _any_vocabulary(tokenizer).lltokenizer.decode_bytes([token])
+
+
 def _any_vocabulary(tokenizer) -> _Vocabulary:
     """A view of `tokenizer` for checking a text, where any width will do: a row's, if one was built."""
     with _LOCK:

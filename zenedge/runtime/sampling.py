@@ -22,6 +22,27 @@ from zenedge.errors import InvalidInput
 from zenedge.runtime.grammar import Grammar
 
 
+MAX_TOP_LOGPROBS = 20   # OpenAI's limit
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A chosen token's log-probability under the model (its logits as they come: before the
+    penalties, the temperature and any grammar), and the `top` likeliest tokens', likeliest first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, token: int, top: int) -> "TokenLogprob":
+        """logits: [V], the head's whole width (the distribution the token was drawn from)."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        best = torch.topk(logprobs, top) if top else None
+        ranked = () if best is None else tuple(zip(best.indices.tolist(), best.values.tolist()))
+        return cls(token, float(logprobs[token]), ranked)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 256
@@ -36,6 +57,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     grammar: Grammar | None = None   # the output held to it (structured output, tool calls)
+    logprobs: int | None = None      # None: off; k: each token's log-probability and the k likeliest
 
     def __post_init__(self):
         if not 1 <= self.max_tokens <= 1 << 16:
@@ -54,6 +76,8 @@ class SamplingParams:
             raise InvalidInput(f"repeat_penalty must be in (0, 100], got {self.repeat_penalty}")
         if self.repeat_last_n < -1:
             raise InvalidInput(f"repeat_last_n must be -1 (the whole context), 0 (off) or more, got {self.repeat_last_n}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidInput(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise InvalidInput(f"{name} must be between -2 and 2, got {getattr(self, name)}")

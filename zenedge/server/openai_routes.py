@@ -19,7 +19,7 @@ import base64
 import json
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
@@ -31,7 +31,8 @@ from zenedge.runtime import tools as calling
 from zenedge.runtime.embed import Embedder
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
-from zenedge.runtime.grammar import Grammar
+from zenedge.runtime.grammar import Grammar, token_bytes
+from zenedge.runtime.sampling import TokenLogprob
 from zenedge.server import errors, streaming
 from zenedge.server.scheduler import Job
 from zenedge.server.state import DaemonState
@@ -46,10 +47,12 @@ def stream_doc(chunk: str) -> dict:
                   "content": {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{chunk}"}}}}}
 
 
-def sampling(body: wire.SamplingFields, max_tokens: int | None, grammar: Grammar | None = None) -> SamplingParams:
+def sampling(body: wire.SamplingFields, max_tokens: int | None, grammar: Grammar | None = None,
+             logprobs: int | None = None) -> SamplingParams:
     stop = body.stop if body.stop is not None else ()
     return SamplingParams(
         grammar=grammar,
+        logprobs=logprobs,
         max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -108,6 +111,50 @@ def wire_calls(calls: list[calling.Call]) -> list[wire.ToolCall]:
             for c in calls]
 
 
+def chat_logprobs(body: wire.ChatCompletionRequest) -> int | None:
+    """SamplingParams.logprobs for a chat request: None (off), or how many alternatives to list."""
+    if not body.logprobs:
+        if body.top_logprobs:
+            raise InvalidInput("`top_logprobs` needs `logprobs: true`")
+        return None
+    return body.top_logprobs or 0
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index` of a request with `n` > 1: with a seed, it samples with seed + index (so that
+    seeded choices differ and each reproduces); without one, each draws its own."""
+    if params.seed is None or index == 0:
+        return params
+    return replace(params, seed=(params.seed + index) % 2**64)
+
+
+class LogprobText:
+    """One choice's token log-probabilities in the wire's shapes, each token by its text."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.offset = 0   # characters of the choice's tokens so far (the legacy text_offset)
+
+    def _entry(self, token: int, logprob: float) -> wire.TopLogprob:
+        raw = token_bytes(self.tokenizer, token)
+        return wire.TopLogprob(token=raw.decode("utf-8", "replace"), logprob=logprob, bytes=list(raw))
+
+    def chat(self, items: list[TokenLogprob]) -> wire.ChoiceLogprobs:
+        content = [wire.TokenLogprobs(**self._entry(item.token, item.logprob).model_dump(),
+                                      top_logprobs=[self._entry(t, lp) for t, lp in item.top]) for item in items]
+        return wire.ChoiceLogprobs(content=content)
+
+    def completion(self, items: list[TokenLogprob]) -> wire.CompletionLogprobs:
+        tokens, offsets = [], []
+        for item in items:
+            offsets.append(self.offset)
+            tokens.append(self._entry(item.token, item.logprob).token)
+            self.offset += len(tokens[-1])
+        top = [{self._entry(t, lp).token: lp for t, lp in item.top} for item in items]
+        return wire.CompletionLogprobs(tokens=tokens, token_logprobs=[item.logprob for item in items],
+                                       top_logprobs=top, text_offset=offsets)
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
     return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                       total_tokens=prompt_tokens + completion_tokens)
@@ -116,10 +163,23 @@ def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
 def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     api = APIRouter(prefix="/v1", tags=["openai"])
 
-    async def submit(request: Request, model: str, prompt: Prompt, params: SamplingParams) -> tuple[Job, int]:
+    async def submit(request: Request, model: str, prompt: Prompt, params: SamplingParams,
+                     n: int = 1) -> tuple[list[Job], int]:
+        """A job per choice, submitted together (they decode as rows of one batch), once all started."""
         route = await run_in_threadpool(state.route, model)
-        job = state.scheduler.submit(route, prompt, params)
-        return job, await streaming.started(request, job)
+        jobs: list[Job] = []
+        try:
+            for index in range(n):
+                jobs.append(state.scheduler.submit(route, prompt, choice_params(params, index)))
+            prompt_tokens = [await streaming.started(request, job) for job in jobs][0]
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            raise
+        return jobs, prompt_tokens
+
+    def cancel_all(jobs: list[Job]):
+        return lambda: [job.cancel() for job in jobs]
 
     @api.get("/models", response_model=wire.ModelList)
     async def models() -> wire.ModelList:
@@ -134,42 +194,66 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     async def chat_completions(body: wire.ChatCompletionRequest, request: Request):
         plan = ToolPlan.of(body)
         grammar = await run_in_threadpool(plan.grammar, body.response_format)   # a bad schema: a 400 now
-        params = sampling(body, body.max_completion_tokens or body.max_tokens, grammar)
+        params = sampling(body, body.max_completion_tokens or body.max_tokens, grammar, chat_logprobs(body))
         prompt = Prompt(messages=[m.for_template() for m in body.messages], tools=plan.tools)
         ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
-        job, prompt_tokens = await submit(request, body.model, prompt, params)
-        tokenizer = state.engine.resident(job.route.base).tokenizer if plan.mode != "none" else None
+        jobs, prompt_tokens = await submit(request, body.model, prompt, params, body.n or 1)
+        tokenizer = state.engine.resident(jobs[0].route.base).tokenizer
+        calls_wanted, logprobs_wanted = plan.mode != "none", params.logprobs is not None
+
+        def framing(index: int) -> ChatFraming:
+            return ChatFraming(ident, created, body.model, index, LogprobText(tokenizer) if logprobs_wanted else None)
+
         if body.stream:
-            watcher = calling.CallStream(plan.tools, tokenizer) if tokenizer is not None else None
-            events = _stream(job, prompt_tokens, _include_usage(body), ChatFraming(ident, created, body.model),
-                             watcher)
-            return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
-        outcome = await streaming.collect(request, job, prompt_tokens)
-        message, reason = wire.AssistantMessage(content=outcome.text), outcome.finish_reason
-        if tokenizer is not None:
-            content, calls = await run_in_threadpool(calling.parse, outcome.text, plan.tools, tokenizer)
-            if calls:
-                message = wire.AssistantMessage(content=content or None, tool_calls=wire_calls(calls))
-                reason = "tool_calls"
-        choice = wire.ChatChoice(index=0, message=message, finish_reason=reason, error=outcome.error)
-        return wire.ChatCompletion(id=ident, created=created, model=body.model, choices=[choice],
-                                   usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
+            counts = [0] * len(jobs)
+            choices = [_choice_chunks(job, framing(i), counts,
+                                      calling.CallStream(plan.tools, tokenizer) if calls_wanted else None)
+                       for i, job in enumerate(jobs)]
+            events = _stream(choices, counts, prompt_tokens, _include_usage(body), framing(0))
+            return streaming.JobStreamingResponse(events, on_close=cancel_all(jobs), media_type="text/event-stream")
+        outcomes = await streaming.collect(request, jobs, prompt_tokens)
+        choices = []
+        for index, outcome in enumerate(outcomes):
+            message, reason = wire.AssistantMessage(content=outcome.text), outcome.finish_reason
+            if calls_wanted:
+                content, calls = await run_in_threadpool(calling.parse, outcome.text, plan.tools, tokenizer)
+                if calls:
+                    message = wire.AssistantMessage(content=content or None, tool_calls=wire_calls(calls))
+                    reason = "tool_calls"
+            logprobs = await run_in_threadpool(LogprobText(tokenizer).chat, outcome.logprobs) \
+                if logprobs_wanted else None
+            choices.append(wire.ChatChoice(index=index, message=message, finish_reason=reason, logprobs=logprobs,
+                                           error=outcome.error))
+        return wire.ChatCompletion(id=ident, created=created, model=body.model, choices=choices,
+                                   usage=usage(prompt_tokens, sum(o.completion_tokens for o in outcomes)))
 
     @api.post("/completions", response_model=wire.Completion, response_model_exclude_none=True,
               responses=stream_doc("Completion"))
     async def completions(body: wire.CompletionRequest, request: Request):
-        params = sampling(body, body.max_tokens)
+        params = sampling(body, body.max_tokens, logprobs=body.logprobs)
         prompt = Prompt(text=body.prompt if isinstance(body.prompt, str) else body.prompt[0])
         ident, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
-        job, prompt_tokens = await submit(request, body.model, prompt, params)
+        jobs, prompt_tokens = await submit(request, body.model, prompt, params, body.n or 1)
+        tokenizer = state.engine.resident(jobs[0].route.base).tokenizer if params.logprobs is not None else None
+
+        def framing(index: int) -> CompletionFraming:
+            return CompletionFraming(ident, created, body.model, index,
+                                     LogprobText(tokenizer) if tokenizer is not None else None)
+
         if body.stream:
-            events = _stream(job, prompt_tokens, _include_usage(body), CompletionFraming(ident, created, body.model))
-            return streaming.JobStreamingResponse(events, on_close=job.cancel, media_type="text/event-stream")
-        outcome = await streaming.collect(request, job, prompt_tokens)
-        choice = wire.CompletionChoice(index=0, text=outcome.text, finish_reason=outcome.finish_reason,
-                                       error=outcome.error)
-        return wire.Completion(id=ident, created=created, model=body.model, choices=[choice],
-                               usage=usage(outcome.prompt_tokens, outcome.completion_tokens))
+            counts = [0] * len(jobs)
+            choices = [_choice_chunks(job, framing(i), counts) for i, job in enumerate(jobs)]
+            events = _stream(choices, counts, prompt_tokens, _include_usage(body), framing(0))
+            return streaming.JobStreamingResponse(events, on_close=cancel_all(jobs), media_type="text/event-stream")
+        outcomes = await streaming.collect(request, jobs, prompt_tokens)
+        choices = []
+        for index, outcome in enumerate(outcomes):
+            logprobs = await run_in_threadpool(LogprobText(tokenizer).completion, outcome.logprobs) \
+                if tokenizer is not None else None
+            choices.append(wire.CompletionChoice(index=index, text=outcome.text, finish_reason=outcome.finish_reason,
+                                                 logprobs=logprobs, error=outcome.error))
+        return wire.Completion(id=ident, created=created, model=body.model, choices=choices,
+                               usage=usage(prompt_tokens, sum(o.completion_tokens for o in outcomes)))
 
     @api.post("/embeddings", response_model=wire.EmbeddingList)
     async def embeddings(body: wire.EmbeddingRequest) -> wire.EmbeddingList:
@@ -198,34 +282,38 @@ def _include_usage(body: wire.SamplingFields) -> bool:
 
 @dataclass
 class ChatFraming:
-    """The chunks of a streamed chat completion, as OpenAI shapes them."""
+    """The chunks of one choice of a streamed chat completion, as OpenAI shapes them."""
 
     ident: str
     created: int
     model: str
+    index: int = 0
+    logprobs: LogprobText | None = None   # with `logprobs: true`
 
     def _chunk(self, choices: list[wire.ChunkChoice], used: wire.Usage | None = None) -> dict:
         return wire.ChatCompletionChunk(id=self.ident, created=self.created, model=self.model, choices=choices,
                                         usage=used).model_dump(exclude_none=True)
 
     def _choice(self, content: str | None, reason: str | None = None, role: str | None = None,
-                error: str | None = None, calls: list[wire.ChunkToolCall] | None = None) -> list:
+                error: str | None = None, calls: list[wire.ChunkToolCall] | None = None,
+                items: list[TokenLogprob] = ()) -> list:
         delta = wire.ChunkDelta(role=role, content=content, tool_calls=calls)
-        return [wire.ChunkChoice(index=0, delta=delta, finish_reason=reason, error=error)]
+        logprobs = self.logprobs.chat(items) if self.logprobs is not None and items else None
+        return [wire.ChunkChoice(index=self.index, delta=delta, finish_reason=reason, logprobs=logprobs, error=error)]
 
     def opening(self) -> dict | None:
         return self._chunk(self._choice("", role="assistant"))
 
-    def text(self, text: str) -> dict:
-        return self._chunk(self._choice(text))
+    def text(self, text: str, items: list[TokenLogprob] = ()) -> dict:
+        return self._chunk(self._choice(text, items=items))
 
     def tool_calls(self, calls: list[calling.Call]) -> dict:
         """All the calls in one chunk, each whole (OpenAI may split arguments; clients join them)."""
         chunked = [wire.ChunkToolCall(index=i, **call.model_dump()) for i, call in enumerate(wire_calls(calls))]
         return self._chunk(self._choice(None, calls=chunked))
 
-    def end(self, reason: str, error: str | None = None) -> dict:
-        return self._chunk(self._choice(None, reason, error=error))
+    def end(self, reason: str, error: str | None = None, items: list[TokenLogprob] = ()) -> dict:
+        return self._chunk(self._choice(None, reason, error=error, items=items))
 
     def usage(self, used: wire.Usage) -> dict:
         return self._chunk([], used)
@@ -233,57 +321,78 @@ class ChatFraming:
 
 @dataclass
 class CompletionFraming:
-    """The chunks of a streamed text completion."""
+    """The chunks of one choice of a streamed text completion."""
 
     ident: str
     created: int
     model: str
+    index: int = 0
+    logprobs: LogprobText | None = None   # with `logprobs`
 
     def _chunk(self, choices: list[wire.CompletionChoice], used: wire.Usage | None = None) -> dict:
         return wire.Completion(id=self.ident, created=self.created, model=self.model, choices=choices,
                                usage=used).model_dump(exclude_none=True)
 
+    def _choice(self, text: str, reason: str | None = None, error: str | None = None,
+                items: list[TokenLogprob] = ()) -> list:
+        logprobs = self.logprobs.completion(items) if self.logprobs is not None and items else None
+        return [wire.CompletionChoice(index=self.index, text=text, finish_reason=reason, logprobs=logprobs,
+                                      error=error)]
+
     def opening(self) -> dict | None:
         return None
 
-    def text(self, text: str) -> dict:
-        return self._chunk([wire.CompletionChoice(index=0, text=text)])
+    def text(self, text: str, items: list[TokenLogprob] = ()) -> dict:
+        return self._chunk(self._choice(text, items=items))
 
-    def end(self, reason: str, error: str | None = None) -> dict:
-        return self._chunk([wire.CompletionChoice(index=0, text="", finish_reason=reason, error=error)])
+    def end(self, reason: str, error: str | None = None, items: list[TokenLogprob] = ()) -> dict:
+        return self._chunk(self._choice("", reason, error, items))
 
     def usage(self, used: wire.Usage) -> dict:
         return self._chunk([], used)
 
 
-async def _stream(job: Job, prompt_tokens: int, include_usage: bool, framing: ChatFraming | CompletionFraming,
-                  watcher: calling.CallStream | None = None) -> AsyncIterator[bytes]:
-    """SSE for one job: an optional opening chunk, one chunk per piece of text, a chunk with the
-    finish reason, the usage chunk if asked, then [DONE]. A failure mid-stream is one error event.
-    With a `watcher` (a chat offering tools), text that may be a call waits for the end: then it
-    goes out as one tool-calls chunk (finish_reason "tool_calls") or as text."""
-    tokens = 0
+async def _choice_chunks(job: Job, framing: ChatFraming | CompletionFraming, counts: list[int],
+                         watcher: calling.CallStream | None = None) -> AsyncIterator[dict]:
+    """The chunks of one choice: an optional opening chunk, one per piece of text (with the
+    log-probabilities of the tokens it completes, when asked), then one with the finish reason;
+    its tokens are counted in counts[framing.index]. With a `watcher` (a chat offering tools),
+    text that may be a call waits for the end: then it goes out as one tool-calls chunk
+    (finish_reason "tool_calls") or as text."""
+    if (opening := framing.opening()) is not None:
+        yield opening
+    owed: list[TokenLogprob] = []     # tokens whose text has not gone out yet
+    async for delta in streaming.deltas(job):
+        counts[framing.index] += delta.token_id is not None
+        if delta.logprob is not None:
+            owed.append(delta.logprob)
+        text, reason = delta.text, delta.finish_reason
+        if watcher is not None:
+            text = watcher.feed(text)
+        if text:
+            yield framing.text(text, owed)
+            owed = []
+        if reason and watcher is not None:
+            rest, calls = await run_in_threadpool(watcher.finish)
+            if rest:
+                yield framing.text(rest, owed)
+                owed = []
+            if calls:
+                yield framing.tool_calls(calls)
+                reason = "tool_calls"
+        if reason:
+            yield framing.end(reason, delta.error, owed)
+
+
+async def _stream(choices: list[AsyncIterator[dict]], counts: list[int], prompt_tokens: int, include_usage: bool,
+                  framing: ChatFraming | CompletionFraming) -> AsyncIterator[bytes]:
+    """SSE for a request's choices, their chunks as they come; the usage chunk if asked, then
+    [DONE]. A failure mid-stream is one error event."""
     try:
-        if (opening := framing.opening()) is not None:
-            yield streaming.sse(opening)
-        async for delta in streaming.deltas(job):
-            tokens += delta.token_id is not None
-            text, reason = delta.text, delta.finish_reason
-            if watcher is not None:
-                text = watcher.feed(text)
-            if text:
-                yield streaming.sse(framing.text(text))
-            if reason and watcher is not None:
-                rest, calls = await run_in_threadpool(watcher.finish)
-                if rest:
-                    yield streaming.sse(framing.text(rest))
-                if calls:
-                    yield streaming.sse(framing.tool_calls(calls))
-                    reason = "tool_calls"
-            if reason:
-                yield streaming.sse(framing.end(reason, delta.error))
+        async for chunk in streaming.merged(choices):
+            yield streaming.sse(chunk)
         if include_usage:
-            yield streaming.sse(framing.usage(usage(prompt_tokens, tokens)))
+            yield streaming.sse(framing.usage(usage(prompt_tokens, sum(counts))))
     except errors.ClientGone:
         return
     except Exception as exc:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from zenedge.runtime.generate import Delta
+from zenedge.runtime.sampling import TokenLogprob
 from zenedge.server.errors import ClientGone
 from zenedge.server.scheduler import Job
 
@@ -29,18 +30,20 @@ class Outcome:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None   # with finish_reason "error"
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # with SamplingParams.logprobs
 
 
 @asynccontextmanager
-async def cancel_on_disconnect(request: Request, job: Job):
-    """While inside, a client disconnect cancels `job` and wakes whoever waits on its events."""
+async def cancel_on_disconnect(request: Request, *jobs: Job):
+    """While inside, a client disconnect cancels the `jobs` and wakes whoever waits on their events."""
 
     async def watch() -> None:
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                job.cancel()
-                job.events.put_nowait(("gone", None))
+                for job in jobs:
+                    job.cancel()
+                    job.events.put_nowait(("gone", None))
                 return
 
     watcher = asyncio.create_task(watch())
@@ -75,15 +78,55 @@ async def deltas(job: Job) -> AsyncIterator[Delta]:
             return
 
 
-async def collect(request: Request, job: Job, prompt_tokens: int) -> Outcome:
-    """Run a started job to the end for a non-streamed answer."""
-    parts, tokens, reason, error = [], 0, "length", None
-    async with cancel_on_disconnect(request, job):
-        async for delta in deltas(job):
-            parts.append(delta.text)
-            tokens += delta.token_id is not None
-            reason, error = delta.finish_reason or reason, delta.error or error
-    return Outcome("".join(parts), reason, prompt_tokens, tokens, error)
+async def collect(request: Request, jobs: Sequence[Job], prompt_tokens: int) -> list[Outcome]:
+    """Run started jobs (a request's choices) to their ends for a non-streamed answer."""
+    async with cancel_on_disconnect(request, *jobs):
+        return list(await asyncio.gather(*(_outcome(job, prompt_tokens) for job in jobs)))
+
+
+async def _outcome(job: Job, prompt_tokens: int) -> Outcome:
+    outcome = Outcome("", "length", prompt_tokens, 0)
+    parts = []
+    async for delta in deltas(job):
+        parts.append(delta.text)
+        outcome.completion_tokens += delta.token_id is not None
+        outcome.finish_reason = delta.finish_reason or outcome.finish_reason
+        outcome.error = delta.error or outcome.error
+        if delta.logprob is not None:
+            outcome.logprobs.append(delta.logprob)
+    outcome.text = "".join(parts)
+    return outcome
+
+
+async def merged(streams: Sequence[AsyncIterator[Any]]) -> AsyncIterator[Any]:
+    """The items of several async iterators as they come (a request's choices, streamed
+    together); the first error raised by any of them is raised here, and leaving early stops all."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream: AsyncIterator[Any]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((item, None))
+        except Exception as exc:
+            await queue.put((None, exc))
+        finally:
+            await queue.put((done, None))
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if item is done:
+                running -= 1
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
