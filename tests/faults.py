@@ -487,7 +487,7 @@ HTTP_CASES = [
      b'{"model": "p0", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
      422, "invalid_request", "uds", {}),
     ("top_p 2", "POST", CHAT, {**chat_body("p0", "hi"), "top_p": 2}, 422, "invalid_request", "uds", {}),
-    ("n 2", "POST", CHAT, {**chat_body("p0", "hi"), "n": 2}, 422, "invalid_request", "uds", {}),
+    ("n 9", "POST", CHAT, {**chat_body("p0", "hi"), "n": 9}, 422, "invalid_request", "uds", {}),
     ("max_tokens 0", "POST", CHAT, {**chat_body("p0", "hi"), "max_tokens": 0}, 422, "invalid_request", "uds", {}),
     ("max_tokens -1", "POST", CHAT, {**chat_body("p0", "hi"), "max_tokens": -1}, 422, "invalid_request", "uds", {}),
     ("max_tokens text", "POST", CHAT, {**chat_body("p0", "hi"), "max_tokens": "lots"}, 422, "invalid_request",

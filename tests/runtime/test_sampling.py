@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from zenedge.errors import InvalidInput
 from zenedge.runtime.engine import Prompt
-from zenedge.runtime.sampling import Sampler, SamplingParams
+from zenedge.runtime.sampling import MAX_TOP_LOGPROBS, Sampler, SamplingParams, TokenLogprob
 
+CHAT = Prompt(messages=[{"role": "user", "content": "say something"}])
 LOGITS = torch.tensor([4.0, 3.0, 2.0, -1.0, 0.5])   # token 0 likeliest, then 1, 2, 4, 3
 
 
@@ -93,3 +94,43 @@ def test_a_penalised_row_chooses_the_same_alone_and_in_a_batch(engine, imported)
         assert got.text == engine.complete(name, prompt, params).text
     # and the penalty changes the answer (the tiny random model repeats itself greedily)
     assert engine.complete("a", prompts[0], penalised).text != engine.complete("a", prompts[0], plain).text
+
+
+# -- logprobs ----------------------------------------------------------------------------------------
+def test_token_logprob_is_the_log_softmax_and_ranks_the_top():
+    logprob = TokenLogprob.of(LOGITS, 2, top=3)
+    expected = torch.log_softmax(LOGITS, dim=-1)
+    assert logprob.token == 2 and logprob.logprob == pytest.approx(float(expected[2]))
+    assert [t for t, _ in logprob.top] == [0, 1, 2]
+    assert [v for _, v in logprob.top] == pytest.approx(expected[[0, 1, 2]].tolist())
+    assert TokenLogprob.of(LOGITS, 0, top=0).top == ()
+    with pytest.raises(InvalidInput, match="top_logprobs"):
+        SamplingParams(logprobs=MAX_TOP_LOGPROBS + 1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.3])
+def test_streamed_logprobs_are_the_models_own(engine, tiny_base_dir, temperature):
+    """Each token's logprob is what a plain transformers forward over the prompt and the answer so
+    far gives it (the model's distribution, before the temperature), and greedy's token is the top."""
+    from transformers import AutoModelForCausalLM
+
+    params = SamplingParams(max_tokens=8, temperature=temperature, seed=5, logprobs=3)
+    deltas = [d for d in engine.stream("tiny", CHAT, params) if d.logprob is not None]
+    assert deltas, "the answer needs tokens for this test to mean anything"
+    prompt = CHAT.encode(engine.resident("tiny").tokenizer)
+    answer = [d.logprob.token for d in deltas]
+    assert answer == [d.token_id for d in deltas]
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(tiny_base_dir).eval()(
+            input_ids=torch.tensor([prompt + answer])).logits[0]
+    expected = torch.log_softmax(logits[len(prompt) - 1:-1].float(), dim=-1)
+    for step, delta in enumerate(deltas):
+        assert delta.logprob.logprob == pytest.approx(float(expected[step, delta.token_id]), abs=1e-4)
+        top = [v for _, v in delta.logprob.top]
+        assert len(top) == 3 and top == sorted(top, reverse=True)
+        if temperature == 0:
+            assert delta.logprob.top[0][0] == delta.token_id
+
+
+def test_logprobs_off_computes_none(engine):
+    assert all(d.logprob is None for d in engine.stream("tiny", CHAT, SamplingParams(max_tokens=4)))

@@ -62,7 +62,7 @@ def test_lone_surrogates_are_422_and_the_connection_lives_on(http, path, body):
 @pytest.mark.parametrize("body, where", [
     ({"model": "p0"}, "messages"),
     ({**chat_body("p0", "hi"), "temperature": 500}, "temperature"),
-    ({**chat_body("p0", "hi"), "n": 2}, "n"),
+    ({**chat_body("p0", "hi"), "n": 9}, "n"),
     ({**chat_body("p0", "hi"), "max_tokens": 0}, "max_tokens"),
     ({"model": "p0", "messages": [{"role": "wizard", "content": "hi"}]}, "role"),
     ({**chat_body("p0", "hi"), "stop": ["a"] * 17}, "stop"),

@@ -100,3 +100,50 @@ def test_content_parts_and_raw_sse_framing(daemon):
     assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
     streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
     assert streamed == plain["choices"][0]["message"]["content"]
+
+
+def test_chat_logprobs_plain_and_streamed(client):
+    asked = dict(model="p0", messages=MESSAGES, temperature=0, max_tokens=10, logprobs=True, top_logprobs=2)
+    plain = client.chat.completions.create(**asked).choices[0]
+    entries = plain.logprobs.content
+    assert entries and "".join(e.token for e in entries) == plain.message.content   # a character-level vocabulary
+    for entry in entries:
+        assert entry.logprob <= 0 and bytes(entry.bytes).decode() == entry.token
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].token == entry.token   # greedy: the top
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+    chunks = list(client.chat.completions.create(**asked, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries], abs=1e-5)
+    assert client.chat.completions.create(**{**asked, "logprobs": False, "top_logprobs": None}
+                                          ).choices[0].logprobs is None
+
+
+def test_n_choices_are_seeded_per_index_and_stream_by_index(client):
+    asked = dict(model="p0", messages=MESSAGES, temperature=1.2, max_tokens=12)
+    three = client.chat.completions.create(**asked, seed=11, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    texts = [c.message.content for c in three.choices]
+    alone = [client.chat.completions.create(**asked, seed=seed) for seed in (11, 12)]
+    assert texts[:2] == [a.choices[0].message.content for a in alone]   # choice i samples as seed + i would
+    assert len(set(texts)) > 1
+    assert three.usage.prompt_tokens == alone[0].usage.prompt_tokens   # the prompt counts once, as OpenAI's does
+    assert three.usage.completion_tokens <= 3 * 12
+    chunks = list(client.chat.completions.create(**asked, seed=11, n=3, stream=True))
+    joined = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+              for i in range(3)}
+    assert [joined[i] for i in range(3)] == texts
+    assert all(any(c.choices and c.choices[0].index == i and c.choices[0].finish_reason for c in chunks)
+               for i in range(3))
+    with pytest.raises(openai.UnprocessableEntityError, match="n: Input should be less than or equal to 8"):
+        client.chat.completions.create(**asked, n=99)
+
+
+def test_text_completion_logprobs_and_n(client):
+    answer = client.completions.create(model="p0", prompt="once upon", temperature=0, max_tokens=8, logprobs=2, n=2)
+    assert [c.index for c in answer.choices] == [0, 1] and answer.choices[0].text == answer.choices[1].text
+    logprobs = answer.choices[0].logprobs
+    assert "".join(logprobs.tokens) == answer.choices[0].text
+    assert len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == len(logprobs.tokens)
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    assert all(len(top) <= 2 and max(top.values()) <= 0 for top in logprobs.top_logprobs)

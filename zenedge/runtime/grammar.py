@@ -171,7 +171,9 @@ _LOCK = threading.Lock()
 
 def token_bytes(tokenizer, token: int) -> bytes:
     """The bytes `token` stands for (a byte-level token may hold part of a character; a special
-    token, its name)."""
+    token, its name; an id of a padded head past the vocabulary, none: it decodes to no text)."""
+    if token >= len(tokenizer):
+        return b""
     return _any_vocabulary(tokenizer).lltokenizer.decode_bytes([token])
 
 

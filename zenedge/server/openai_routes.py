@@ -3,11 +3,14 @@
 
 `model` is a profile in the pool or a base name. Sampling follows OpenAI's defaults (temperature 1,
 top_p 1, no penalties); `max_completion_tokens` wins over `max_tokens`. No field is ignored
-silently: the SDK's parameters zenedge does not honour are accepted only at a value that asks for
-nothing (`logprobs: false`) or where they cannot change the answer (`user`), else refused with a 400
-naming the field (api/fields.py). `tools` are rendered into the prompt (runtime/tools.py); with
+silently: the SDK's parameters zenedge does not honour are accepted only where they cannot change
+the answer (`user`), else refused with a 400 naming the field (api/fields.py). `n` choices are
+jobs submitted together (rows of one batch; with a seed, choice i uses seed + i), and a stream
+interleaves their chunks by `index`. `logprobs` are the model's own (runtime/sampling.TokenLogprob),
+each token named by its text and bytes. `tools` are rendered into the prompt (runtime/tools.py); with
 `tool_choice` "required" or a named function the answer is one call decoded under its schema, and
-with "auto" a call is returned when the answer parses as one, else the answer is text. `developer` messages render as `system`. Streams are server-sent events ending
+with "auto" a call is returned when the answer parses as one, else the answer is text.
+`developer` messages render as `system`. Streams are server-sent events ending
 with `data: [DONE]`; with `stream_options.include_usage` a last chunk without choices carries the
 usage, as OpenAI sends it. Embeddings are unit vectors from the resident base with the profile's
 variant applied (runtime/embed.py), as floats or, as OpenAI's SDKs ask by default, base64.
