@@ -50,6 +50,7 @@ export interface ChatChoice {
   index: number;
   message: AssistantMessage;
   finish_reason: "stop" | "length" | "cancelled" | "error" | "tool_calls";
+  logprobs?: ChoiceLogprobs | null;
   /** with finish_reason "error": one line on why the answer ended there (its grammar admitted no next token) */
   error?: string | null;
 }
@@ -88,9 +89,13 @@ export interface ChatCompletionRequest {
   stop?: string | Array<string> | null;
   stream?: boolean | null;
   stream_options?: StreamOptions | null;
-  /** only one choice per request */
-  n?: 1 | null;
+  /** choices (1-8), decoded as rows of one batch; with a seed, choice i samples with seed + i */
+  n?: number | null;
   messages: Array<ChatMessage>;
+  /** each answer token's log-probability under the model (its logits before penalties, temperature and any grammar) */
+  logprobs?: boolean | null;
+  /** with logprobs: the likeliest tokens at each position, and theirs */
+  top_logprobs?: number | null;
   /** preferred over max_tokens */
   max_completion_tokens?: number | null;
   response_format?: ResponseFormat | null;
@@ -110,10 +115,16 @@ export interface ChatMessage {
   tool_call_id?: string | null;
 }
 
+export interface ChoiceLogprobs {
+  content: Array<TokenLogprobs> | null;
+  refusal?: Array<TokenLogprobs> | null;
+}
+
 export interface ChunkChoice {
   index: number;
   delta: ChunkDelta;
   finish_reason?: "stop" | "length" | "cancelled" | "error" | "tool_calls" | null;
+  logprobs?: ChoiceLogprobs | null;
   /** with finish_reason "error": one line on why the answer ended there (its grammar admitted no next token) */
   error?: string | null;
 }
@@ -145,8 +156,18 @@ export interface CompletionChoice {
   index: number;
   text: string;
   finish_reason?: "stop" | "length" | "cancelled" | "error" | "tool_calls" | null;
+  logprobs?: CompletionLogprobs | null;
   /** with finish_reason "error": one line on why the answer ended there (its grammar admitted no next token) */
   error?: string | null;
+}
+
+/** The legacy completions' shape: one entry per token in each list. */
+export interface CompletionLogprobs {
+  tokens: Array<string>;
+  token_logprobs: Array<number>;
+  top_logprobs: Array<{ [key: string]: number }>;
+  /** where each token starts in the choice's text (characters) */
+  text_offset: Array<number>;
 }
 
 export interface CompletionRequest {
@@ -164,8 +185,10 @@ export interface CompletionRequest {
   stop?: string | Array<string> | null;
   stream?: boolean | null;
   stream_options?: StreamOptions | null;
-  /** only one choice per request */
-  n?: 1 | null;
+  /** choices (1-8), decoded as rows of one batch; with a seed, choice i samples with seed + i */
+  n?: number | null;
+  /** each token's log-probability and the likeliest this many at its position (0-5); false or absent: none */
+  logprobs?: number | null;
   prompt: string | Array<string>;
 }
 
@@ -273,6 +296,34 @@ export interface FunctionCall {
   arguments: string;
 }
 
+/** An earlier answer's call, sent back before its output. */
+export interface FunctionCallItem {
+  type: "function_call";
+  call_id: string;
+  name: string;
+  /** a JSON object, as text */
+  arguments: string;
+  id?: string | null;
+  status?: string | null;
+}
+
+export interface FunctionCallOutputItem {
+  type: "function_call_output";
+  call_id: string;
+  output: string | Array<InputText>;
+  id?: string | null;
+  status?: string | null;
+}
+
+/** A tool of the Responses API: the function's fields at the top level (chat nests them). */
+export interface FunctionTool {
+  type: "function";
+  name: string;
+  description?: string | null;
+  parameters?: { [key: string]: unknown } | null;
+  strict?: boolean | null;
+}
+
 export interface Health {
   status: "ok";
   version: string;
@@ -295,6 +346,18 @@ export interface ImportRequest {
   eval?: string | null;
   /** stream progress as NDJSON (PullProgress lines); false: one JSON result */
   stream?: boolean;
+}
+
+export interface IncompleteDetails {
+  reason: "max_output_tokens";
+}
+
+export interface InputText {
+  /** "output_text": an earlier answer's text */
+  type: "input_text" | "output_text";
+  text: string;
+  annotations?: Array<unknown> | null;
+  logprobs?: Array<unknown> | null;
 }
 
 export interface JsonSchemaFormat {
@@ -342,6 +405,15 @@ export interface MergeResult {
   [key: string]: unknown;
 }
 
+export interface MessageItem {
+  type?: "message";
+  /** "developer" renders as "system", as on /v1/chat/completions */
+  role: "user" | "assistant" | "system" | "developer";
+  content: string | Array<InputText>;
+  id?: string | null;
+  status?: string | null;
+}
+
 export interface ModelCard {
   id: string;
   object: "model";
@@ -358,6 +430,11 @@ export interface ModelList {
 }
 
 export interface NamedFunction {
+  name: string;
+}
+
+export interface NamedFunctionChoice {
+  type: "function";
   name: string;
 }
 
@@ -613,6 +690,29 @@ export interface OllamaVersion {
   version: string;
 }
 
+export interface OutputFunctionCall {
+  type?: "function_call";
+  id: string;
+  call_id: string;
+  name: string;
+  arguments: string;
+  status: "in_progress" | "completed" | "incomplete";
+}
+
+export interface OutputMessage {
+  type?: "message";
+  id: string;
+  status: "in_progress" | "completed" | "incomplete";
+  role?: "assistant";
+  content: Array<OutputText>;
+}
+
+export interface OutputText {
+  type?: "output_text";
+  text: string;
+  annotations?: Array<unknown>;
+}
+
 export interface PinRequest {
   name: string;
   /** false unpins */
@@ -732,10 +832,62 @@ export interface ResidentBase {
   decode?: DecodePath | null;
 }
 
+export interface Response {
+  id: string;
+  object: "response";
+  created_at: number;
+  status: "in_progress" | "completed" | "incomplete" | "failed";
+  model: string;
+  output: Array<OutputMessage | OutputFunctionCall>;
+  instructions: string | null;
+  incomplete_details: IncompleteDetails | null;
+  /** with "failed": why (the grammar admitted no next token) */
+  error: ResponseError | null;
+  usage: ResponseUsage | null;
+  tools: Array<FunctionTool>;
+  tool_choice: unknown;
+  parallel_tool_calls: boolean;
+  temperature: number | null;
+  top_p: number | null;
+  max_output_tokens: number | null;
+  text: { [key: string]: unknown };
+  store: boolean;
+}
+
+export interface ResponseError {
+  code?: string;
+  message: string;
+}
+
 export interface ResponseFormat {
   /** "json_object": any JSON object; "json_schema": JSON valid against json_schema.schema (decoded under a grammar: the output always parses and validates) */
   type: "text" | "json_object" | "json_schema";
   json_schema?: JsonSchemaFormat | null;
+}
+
+export interface ResponseRequest {
+  /** a profile in the pool or a base name */
+  model: string;
+  /** a user message, or the conversation's items */
+  input: string | Array<unknown>;
+  /** the system message */
+  instructions?: string | null;
+  max_output_tokens?: number | null;
+  /** default 1; 0 = greedy */
+  temperature?: number | null;
+  top_p?: number | null;
+  tools?: Array<FunctionTool> | null;
+  tool_choice?: "none" | "auto" | "required" | NamedFunctionChoice | null;
+  text?: TextConfig | null;
+  stream?: boolean | null;
+}
+
+export interface ResponseUsage {
+  input_tokens: number;
+  output_tokens: number;
+  total_tokens: number;
+  input_tokens_details?: { [key: string]: number };
+  output_tokens_details?: { [key: string]: number };
 }
 
 export interface RmRequest {
@@ -772,6 +924,18 @@ export interface StreamOptions {
   include_usage?: boolean;
 }
 
+export interface TextConfig {
+  format?: TextFormat | null;
+}
+
+export interface TextFormat {
+  type: "text" | "json_object" | "json_schema";
+  name?: string | null;
+  description?: string | null;
+  schema?: { [key: string]: unknown } | boolean | null;
+  strict?: boolean | null;
+}
+
 export interface TextPart {
   type: "text";
   text: string;
@@ -795,6 +959,16 @@ export interface Threads {
   decode_why?: string | null;
 }
 
+export interface TokenLogprobs {
+  /** the token's text (bytes that are not whole UTF-8 as U+FFFD) */
+  token: string;
+  logprob: number;
+  /** the token's UTF-8 bytes */
+  bytes: Array<number>;
+  /** the likeliest tokens at this position, likeliest first */
+  top_logprobs: Array<TopLogprob>;
+}
+
 export interface Tool {
   type: "function";
   function: ToolFunction;
@@ -814,6 +988,14 @@ export interface ToolFunction {
   parameters?: { [key: string]: unknown } | null;
   /** a required call always validates against `parameters` */
   strict?: boolean | null;
+}
+
+export interface TopLogprob {
+  /** the token's text (bytes that are not whole UTF-8 as U+FFFD) */
+  token: string;
+  logprob: number;
+  /** the token's UTF-8 bytes */
+  bytes: Array<number>;
 }
 
 export interface Usage {

@@ -32,7 +32,8 @@ def test_generated_client_types_are_current():
 
 def test_schema_covers_every_endpoint_and_streamed_type():
     spec = schema.openapi()
-    assert set(spec["paths"]) == {"/health", "/v1/models", "/v1/models/{model}", "/v1/chat/completions", "/v1/completions",
+    assert set(spec["paths"]) == {"/health", "/v1/models", "/v1/models/{model}", "/v1/chat/completions",
+                                  "/v1/completions", "/v1/responses",
                                   "/v1/embeddings", "/api/pull", "/api/list", "/api/ps", "/api/rm", "/api/budget",
                                   "/api/pool", "/api/tags", "/api/show", "/api/version", "/api/chat",
                                   "/api/generate", "/api/embed", "/api/embeddings", "/api/delete", "/api/stop", "/api/import",

@@ -15,9 +15,10 @@ from ollama import _types as ollama_types
 from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import chat_completion_message_param, chat_completion_stream_options_param
 from openai.types.chat import completion_create_params as chat_create_params
+from openai.types.responses import response_create_params, response_text_config_param
 from pydantic import ValidationError
 
-from zenedge.api import fields, wire
+from zenedge.api import fields, responses, wire
 from zenedge.errors import InvalidInput
 
 CHAT = {"model": "p0", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
@@ -53,6 +54,11 @@ SURFACES = {
     "openai stream_options": (wire.StreamOptions, fields.OPENAI_STREAM_OPTIONS,
                               typed_dict_keys(chat_completion_stream_options_param.ChatCompletionStreamOptionsParam),
                               {}, ("stream_options",)),
+    "openai responses": (responses.ResponseRequest, fields.OPENAI_RESPONSES,
+                         typed_dict_keys(response_create_params.ResponseCreateParamsBase) | {"stream"},
+                         {"model": "p0", "input": "hi"}, ()),
+    "openai responses text": (responses.TextConfig, fields.OPENAI_RESPONSES_TEXT,
+                              typed_dict_keys(response_text_config_param.ResponseTextConfigParam), {}, ("text",)),
     "ollama chat": (wire.OllamaChatRequest, fields.OLLAMA_CHAT, ollama_keys("ChatRequest"),
                     {"model": "p0", "messages": []}, ()),
     "ollama generate": (wire.OllamaGenerateRequest, fields.OLLAMA_GENERATE, ollama_keys("GenerateRequest"),
@@ -102,6 +108,10 @@ NEUTRAL_OPTIONS = {"num_ctx": 4096, "num_thread": 8, "num_gpu": 99, "use_mmap": 
 
 def test_what_clients_send_as_off_is_accepted():
     wire.ChatCompletionRequest.model_validate({**CHAT, **NEUTRAL_CHAT})
+    responses.ResponseRequest.model_validate({"model": "p0", "input": "hi", "store": False, "include": [],
+                                              "top_logprobs": 0, "truncation": "disabled", "background": False,
+                                              "parallel_tool_calls": True, "user": "u1", "tools": [],
+                                              "text": {"format": {"type": "text"}}})
     wire.OllamaChatRequest.model_validate({"model": "p0", "messages": [], "options": NEUTRAL_OPTIONS,
                                            "logprobs": False, "top_logprobs": 0})
     wire.OllamaEmbedRequest.model_validate({"model": "p0", "input": "x", "options": {"top_k": 40, "num_ctx": 8}})

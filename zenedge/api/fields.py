@@ -81,6 +81,32 @@ OPENAI_CHAT: dict[str, Rule] = {
     "moderation": refused("zenedge does not moderate"),
 }
 
+# POST /v1/responses: every parameter of the openai SDK's ResponseCreateParams.
+_STATELESS = "responses are not stored: send the whole conversation as `input`"
+OPENAI_RESPONSES: dict[str, Rule] = {
+    **{name: OPENAI_CHAT[name] for name in (
+        "user", "safety_identifier", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+        "prompt_cache_options", "parallel_tool_calls", "moderation")},
+    "store": only(False, why=_STATELESS),
+    "previous_response_id": refused(_STATELESS),
+    "conversation": refused(_STATELESS),
+    "context_management": refused(_STATELESS),
+    "prompt": refused("stored prompt templates are not kept: send `instructions` and `input`"),
+    "background": only(False, why="a response is answered while the request waits (or streams)"),
+    "background_options": refused("a response is answered while the request waits (or streams)"),
+    "include": empty("no extra output (logprobs, reasoning, search results) is produced on /v1/responses"),
+    "top_logprobs": only(0, why="log-probabilities are returned on /v1/chat/completions and /v1/completions"),
+    "reasoning": refused("the model does not reason before answering"),
+    "max_tool_calls": refused("the number of calls in an answer is not capped"),
+    "truncation": only("disabled", why="a conversation longer than the context is refused, not truncated"),
+    "stream_options": metadata("obfuscation padding against network side channels; loopback only"),
+    "access_programs": refused("hosted tool programs are not supported"),
+    "image": refused("zenedge answers in text"),
+}
+OPENAI_RESPONSES_TEXT: dict[str, Rule] = {
+    "verbosity": refused("the answer's length is set by max_output_tokens, not a verbosity level"),
+}
+
 # POST /v1/completions
 OPENAI_COMPLETION: dict[str, Rule] = {
     "user": OPENAI_CHAT["user"],

@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from zenedge import __version__
 from zenedge.api import wire
 from zenedge.runtime.embed import Embedder
-from zenedge.server import errors, native_routes, ollama_routes, openai_routes
+from zenedge.server import errors, native_routes, ollama_routes, openai_routes, responses_routes
 from zenedge.server.background import Background
 from zenedge.server.idle import CountRequests
 from zenedge.server.security import BodyLimit, LocalOnly, TokenAuth
@@ -28,6 +28,7 @@ def create_app(state: DaemonState, background: Background) -> FastAPI:
     embedder = Embedder(state.engine)  # one per daemon: its embedding batches run one at a time
     app.include_router(native_routes.router(state, background))
     app.include_router(openai_routes.router(state, embedder))
+    app.include_router(responses_routes.router(state))
     app.include_router(ollama_routes.router(state, embedder))
     errors.install(app)
     # add_middleware wraps: the last one added runs first. Order of checks: Host/Origin, token, size.

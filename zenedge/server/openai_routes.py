@@ -1,5 +1,6 @@
 """OpenAI-compatible endpoints: /v1/models (and /v1/models/{id}), /v1/chat/completions,
-/v1/completions, /v1/embeddings.
+/v1/completions, /v1/embeddings (/v1/responses, the same answers under another wire, is
+responses_routes.py).
 
 `model` is a profile in the pool or a base name. Sampling follows OpenAI's defaults (temperature 1,
 top_p 1, no penalties); `max_completion_tokens` wins over `max_tokens`. No field is ignored
@@ -87,24 +88,27 @@ class ToolPlan:
     only: str | None = None
 
     @classmethod
-    def of(cls, body: wire.ChatCompletionRequest) -> "ToolPlan":
-        tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
-        choice = body.tool_choice or ("auto" if tools else "none")
-        if isinstance(choice, wire.NamedToolChoice):
-            return cls(tools, "required", choice.function.name)
-        if choice == "required" and not tools:
+    def of(cls, tools: list[wire.Tool] | None, choice: str | None, named: str | None = None) -> "ToolPlan":
+        """`choice`: "none", "auto" (the default with tools) or "required"; `named`: the function
+        a named tool_choice requires."""
+        dumped = [tool.model_dump(exclude_none=True) for tool in tools or []]
+        if named is not None:
+            return cls(dumped, "required", named)
+        choice = choice or ("auto" if dumped else "none")
+        if choice == "required" and not dumped:
             raise InvalidInput('`tool_choice` "required" needs `tools`')
-        return cls(tools, choice if tools else "none")
+        return cls(dumped, choice if dumped else "none")
 
-    def grammar(self, response_format: wire.ResponseFormat | None) -> Grammar | None:
-        """The grammar the answer decodes under; every tool's schema is checked (a 400 now)."""
+    def grammar(self, answer: Grammar | None, format_field: str) -> Grammar | None:
+        """The grammar the answer decodes under, given `answer`, the one its output format asks
+        for (from the field `format_field`); every tool's schema is checked (a 400 now)."""
         if self.mode == "none":
-            return response_grammar(response_format)
+            return answer
         call = calling.call_grammar(self.tools, self.only)
         if self.mode == "auto":
-            return response_grammar(response_format)
-        if response_format is not None and response_format.type != "text":
-            raise InvalidInput("`response_format` and a required tool call both fix the answer: send one of them")
+            return answer
+        if answer is not None:
+            raise InvalidInput(f"`{format_field}` and a required tool call both fix the answer: send one of them")
         return call
 
 
@@ -163,26 +167,29 @@ def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
                       total_tokens=prompt_tokens + completion_tokens)
 
 
+async def submit(state: DaemonState, request: Request, model: str, prompt: Prompt, params: SamplingParams,
+                 n: int = 1) -> tuple[list[Job], int]:
+    """A job per choice, submitted together (they decode as rows of one batch), once all started;
+    and the prompt's tokens."""
+    route = await run_in_threadpool(state.route, model)
+    jobs: list[Job] = []
+    try:
+        for index in range(n):
+            jobs.append(state.scheduler.submit(route, prompt, choice_params(params, index)))
+        prompt_tokens = [await streaming.started(request, job) for job in jobs][0]
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        raise
+    return jobs, prompt_tokens
+
+
+def cancel_all(jobs: list[Job]):
+    return lambda: [job.cancel() for job in jobs]
+
+
 def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     api = APIRouter(prefix="/v1", tags=["openai"])
-
-    async def submit(request: Request, model: str, prompt: Prompt, params: SamplingParams,
-                     n: int = 1) -> tuple[list[Job], int]:
-        """A job per choice, submitted together (they decode as rows of one batch), once all started."""
-        route = await run_in_threadpool(state.route, model)
-        jobs: list[Job] = []
-        try:
-            for index in range(n):
-                jobs.append(state.scheduler.submit(route, prompt, choice_params(params, index)))
-            prompt_tokens = [await streaming.started(request, job) for job in jobs][0]
-        except BaseException:
-            for job in jobs:
-                job.cancel()
-            raise
-        return jobs, prompt_tokens
-
-    def cancel_all(jobs: list[Job]):
-        return lambda: [job.cancel() for job in jobs]
 
     @api.get("/models", response_model=wire.ModelList)
     async def models() -> wire.ModelList:
@@ -195,12 +202,15 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
     @api.post("/chat/completions", response_model=wire.ChatCompletion, response_model_exclude_none=True,
               responses=stream_doc("ChatCompletionChunk"))
     async def chat_completions(body: wire.ChatCompletionRequest, request: Request):
-        plan = ToolPlan.of(body)
-        grammar = await run_in_threadpool(plan.grammar, body.response_format)   # a bad schema: a 400 now
+        choice = body.tool_choice
+        named = choice.function.name if isinstance(choice, wire.NamedToolChoice) else None
+        plan = ToolPlan.of(body.tools, None if named else choice, named)
+        grammar = await run_in_threadpool(   # a bad schema: a 400 now
+            lambda: plan.grammar(response_grammar(body.response_format), "response_format"))
         params = sampling(body, body.max_completion_tokens or body.max_tokens, grammar, chat_logprobs(body))
         prompt = Prompt(messages=[m.for_template() for m in body.messages], tools=plan.tools)
         ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
-        jobs, prompt_tokens = await submit(request, body.model, prompt, params, body.n or 1)
+        jobs, prompt_tokens = await submit(state, request, body.model, prompt, params, body.n or 1)
         tokenizer = state.engine.resident(jobs[0].route.base).tokenizer
         calls_wanted, logprobs_wanted = plan.mode != "none", params.logprobs is not None
 
@@ -236,7 +246,7 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
         params = sampling(body, body.max_tokens, logprobs=body.logprobs)
         prompt = Prompt(text=body.prompt if isinstance(body.prompt, str) else body.prompt[0])
         ident, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
-        jobs, prompt_tokens = await submit(request, body.model, prompt, params, body.n or 1)
+        jobs, prompt_tokens = await submit(state, request, body.model, prompt, params, body.n or 1)
         tokenizer = state.engine.resident(jobs[0].route.base).tokenizer if params.logprobs is not None else None
 
         def framing(index: int) -> CompletionFraming:

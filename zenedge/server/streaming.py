@@ -129,9 +129,11 @@ async def merged(streams: Sequence[AsyncIterator[Any]]) -> AsyncIterator[Any]:
             task.cancel()
 
 
-def sse(payload: dict[str, Any] | str) -> bytes:
+def sse(payload: dict[str, Any] | str, event: str | None = None) -> bytes:
+    """One server-sent event; `event` names it (the Responses API names each event by its type)."""
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
+    named = f"event: {event}\n" if event else ""
+    return f"{named}data: {data}\n\n".encode()
 
 
 def ndjson(payload: dict[str, Any]) -> bytes:

@@ -73,6 +73,7 @@ class _ChatChoiceRequired(TypedDict):
 
 
 class ChatChoice(_ChatChoiceRequired, total=False):
+    logprobs: Union["ChoiceLogprobs", None]
     error: Union[str, None]
 
 
@@ -117,7 +118,9 @@ class ChatCompletionRequest(_ChatCompletionRequestRequired, total=False):
     stop: Union[str, List[str], None]
     stream: Union[bool, None]
     stream_options: Union["StreamOptions", None]
-    n: Union[Literal[1], None]
+    n: Union[int, None]
+    logprobs: Union[bool, None]
+    top_logprobs: Union[int, None]
     max_completion_tokens: Union[int, None]
     response_format: Union["ResponseFormat", None]
     tools: Union[List["Tool"], None]
@@ -134,6 +137,14 @@ class ChatMessage(_ChatMessageRequired, total=False):
     tool_call_id: Union[str, None]
 
 
+class _ChoiceLogprobsRequired(TypedDict):
+    content: Union[List["TokenLogprobs"], None]
+
+
+class ChoiceLogprobs(_ChoiceLogprobsRequired, total=False):
+    refusal: Union[List["TokenLogprobs"], None]
+
+
 class _ChunkChoiceRequired(TypedDict):
     index: int
     delta: "ChunkDelta"
@@ -141,6 +152,7 @@ class _ChunkChoiceRequired(TypedDict):
 
 class ChunkChoice(_ChunkChoiceRequired, total=False):
     finish_reason: Union[Literal['stop', 'length', 'cancelled', 'error', 'tool_calls'], None]
+    logprobs: Union["ChoiceLogprobs", None]
     error: Union[str, None]
 
 
@@ -184,7 +196,20 @@ class _CompletionChoiceRequired(TypedDict):
 
 class CompletionChoice(_CompletionChoiceRequired, total=False):
     finish_reason: Union[Literal['stop', 'length', 'cancelled', 'error', 'tool_calls'], None]
+    logprobs: Union["CompletionLogprobs", None]
     error: Union[str, None]
+
+
+class _CompletionLogprobsRequired(TypedDict):
+    """The legacy completions' shape: one entry per token in each list."""
+    tokens: List[str]
+    token_logprobs: List[float]
+    top_logprobs: List[Dict[str, float]]
+    text_offset: List[int]
+
+
+class CompletionLogprobs(_CompletionLogprobsRequired, total=False):
+    pass
 
 
 class _CompletionRequestRequired(TypedDict):
@@ -202,7 +227,8 @@ class CompletionRequest(_CompletionRequestRequired, total=False):
     stop: Union[str, List[str], None]
     stream: Union[bool, None]
     stream_options: Union["StreamOptions", None]
-    n: Union[Literal[1], None]
+    n: Union[int, None]
+    logprobs: Union[int, None]
 
 
 class _CompressRequestRequired(TypedDict):
@@ -326,6 +352,42 @@ class FunctionCall(_FunctionCallRequired, total=False):
     pass
 
 
+class _FunctionCallItemRequired(TypedDict):
+    """An earlier answer's call, sent back before its output."""
+    type: Literal['function_call']
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallItem(_FunctionCallItemRequired, total=False):
+    id: Union[str, None]
+    status: Union[str, None]
+
+
+class _FunctionCallOutputItemRequired(TypedDict):
+    type: Literal['function_call_output']
+    call_id: str
+    output: Union[str, List["InputText"]]
+
+
+class FunctionCallOutputItem(_FunctionCallOutputItemRequired, total=False):
+    id: Union[str, None]
+    status: Union[str, None]
+
+
+class _FunctionToolRequired(TypedDict):
+    """A tool of the Responses API: the function's fields at the top level (chat nests them)."""
+    type: Literal['function']
+    name: str
+
+
+class FunctionTool(_FunctionToolRequired, total=False):
+    description: Union[str, None]
+    parameters: Union[Dict[str, Any], None]
+    strict: Union[bool, None]
+
+
 class _HealthRequired(TypedDict):
     status: Literal['ok']
     version: str
@@ -349,6 +411,24 @@ class ImportRequest(_ImportRequestRequired, total=False):
     base: Union[str, None]
     eval: Union[str, None]
     stream: bool
+
+
+class _IncompleteDetailsRequired(TypedDict):
+    reason: Literal['max_output_tokens']
+
+
+class IncompleteDetails(_IncompleteDetailsRequired, total=False):
+    pass
+
+
+class _InputTextRequired(TypedDict):
+    type: Literal['input_text', 'output_text']
+    text: str
+
+
+class InputText(_InputTextRequired, total=False):
+    annotations: Union[List[Any], None]
+    logprobs: Union[List[Any], None]
 
 
 class _JsonSchemaFormatRequired(TypedDict):
@@ -407,6 +487,17 @@ class MergeResult(_MergeResultRequired, total=False):
     status: Literal['success']
 
 
+class _MessageItemRequired(TypedDict):
+    role: Literal['user', 'assistant', 'system', 'developer']
+    content: Union[str, List["InputText"]]
+
+
+class MessageItem(_MessageItemRequired, total=False):
+    type: Literal['message']
+    id: Union[str, None]
+    status: Union[str, None]
+
+
 class _ModelCardRequired(TypedDict):
     id: str
     object: Literal['model']
@@ -434,6 +525,15 @@ class _NamedFunctionRequired(TypedDict):
 
 
 class NamedFunction(_NamedFunctionRequired, total=False):
+    pass
+
+
+class _NamedFunctionChoiceRequired(TypedDict):
+    type: Literal['function']
+    name: str
+
+
+class NamedFunctionChoice(_NamedFunctionChoiceRequired, total=False):
     pass
 
 
@@ -726,6 +826,38 @@ class OllamaVersion(_OllamaVersionRequired, total=False):
     pass
 
 
+class _OutputFunctionCallRequired(TypedDict):
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal['in_progress', 'completed', 'incomplete']
+
+
+class OutputFunctionCall(_OutputFunctionCallRequired, total=False):
+    type: Literal['function_call']
+
+
+class _OutputMessageRequired(TypedDict):
+    id: str
+    status: Literal['in_progress', 'completed', 'incomplete']
+    content: List["OutputText"]
+
+
+class OutputMessage(_OutputMessageRequired, total=False):
+    type: Literal['message']
+    role: Literal['assistant']
+
+
+class _OutputTextRequired(TypedDict):
+    text: str
+
+
+class OutputText(_OutputTextRequired, total=False):
+    type: Literal['output_text']
+    annotations: List[Any]
+
+
 class _PinRequestRequired(TypedDict):
     name: str
 
@@ -869,12 +1001,72 @@ class ResidentBase(_ResidentBaseRequired, total=False):
     decode: Union["DecodePath", None]
 
 
+class _ResponseRequired(TypedDict):
+    id: str
+    object: Literal['response']
+    created_at: int
+    status: Literal['in_progress', 'completed', 'incomplete', 'failed']
+    model: str
+    output: List[Union["OutputMessage", "OutputFunctionCall"]]
+    instructions: Union[str, None]
+    incomplete_details: Union["IncompleteDetails", None]
+    error: Union["ResponseError", None]
+    usage: Union["ResponseUsage", None]
+    tools: List["FunctionTool"]
+    tool_choice: Any
+    parallel_tool_calls: bool
+    temperature: Union[float, None]
+    top_p: Union[float, None]
+    max_output_tokens: Union[int, None]
+    text: Dict[str, Any]
+    store: bool
+
+
+class Response(_ResponseRequired, total=False):
+    pass
+
+
+class _ResponseErrorRequired(TypedDict):
+    message: str
+
+
+class ResponseError(_ResponseErrorRequired, total=False):
+    code: str
+
+
 class _ResponseFormatRequired(TypedDict):
     type: Literal['text', 'json_object', 'json_schema']
 
 
 class ResponseFormat(_ResponseFormatRequired, total=False):
     json_schema: Union["JsonSchemaFormat", None]
+
+
+class _ResponseRequestRequired(TypedDict):
+    model: str
+    input: Union[str, List[Any]]
+
+
+class ResponseRequest(_ResponseRequestRequired, total=False):
+    instructions: Union[str, None]
+    max_output_tokens: Union[int, None]
+    temperature: Union[float, None]
+    top_p: Union[float, None]
+    tools: Union[List["FunctionTool"], None]
+    tool_choice: Union[Literal['none', 'auto', 'required'], "NamedFunctionChoice", None]
+    text: Union["TextConfig", None]
+    stream: Union[bool, None]
+
+
+class _ResponseUsageRequired(TypedDict):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class ResponseUsage(_ResponseUsageRequired, total=False):
+    input_tokens_details: Dict[str, int]
+    output_tokens_details: Dict[str, int]
 
 
 class _RmRequestRequired(TypedDict):
@@ -930,6 +1122,25 @@ class StreamOptions(_StreamOptionsRequired, total=False):
     include_usage: bool
 
 
+class _TextConfigRequired(TypedDict):
+    pass
+
+
+class TextConfig(_TextConfigRequired, total=False):
+    format: Union["TextFormat", None]
+
+
+class _TextFormatRequired(TypedDict):
+    type: Literal['text', 'json_object', 'json_schema']
+
+
+class TextFormat(_TextFormatRequired, total=False):
+    name: Union[str, None]
+    description: Union[str, None]
+    schema: Union[Dict[str, Any], bool, None]
+    strict: Union[bool, None]
+
+
 class _TextPartRequired(TypedDict):
     type: Literal['text']
     text: str
@@ -952,6 +1163,17 @@ class _ThreadsRequired(TypedDict):
 class Threads(_ThreadsRequired, total=False):
     decode: Union[int, None]
     decode_why: Union[str, None]
+
+
+class _TokenLogprobsRequired(TypedDict):
+    token: str
+    logprob: float
+    bytes: List[int]
+    top_logprobs: List["TopLogprob"]
+
+
+class TokenLogprobs(_TokenLogprobsRequired, total=False):
+    pass
 
 
 class _ToolRequired(TypedDict):
@@ -981,6 +1203,16 @@ class ToolFunction(_ToolFunctionRequired, total=False):
     description: Union[str, None]
     parameters: Union[Dict[str, Any], None]
     strict: Union[bool, None]
+
+
+class _TopLogprobRequired(TypedDict):
+    token: str
+    logprob: float
+    bytes: List[int]
+
+
+class TopLogprob(_TopLogprobRequired, total=False):
+    pass
 
 
 class _UsageRequired(TypedDict):
