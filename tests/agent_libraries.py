@@ -3,6 +3,7 @@ tests/server/test_agent_libraries.py over seeds 0..N-1 (20 by default), as a tab
 
     python -m tests.agent_libraries                    # 20 seeds per case (about 15 minutes on 2 cores)
     python -m tests.agent_libraries --seeds 5 --out benchmarks/DATE-agent-libraries.md
+    python -m tests.agent_libraries --case json_mode   # the cases whose name holds this
 
 "Valid" is what the library itself accepts: a pydantic instance, a parsed dict, tool calls whose
 arguments validate against the function's schema. The answers are seeded, so a table reproduces.
@@ -107,6 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.agent_libraries", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    parser.add_argument("--case", default="", help="only the cases whose name contains this")
     args = parser.parse_args()
     from zenedge.bench.throughput import machine
 
@@ -116,6 +118,8 @@ def main() -> None:
         try:
             urls = {"v1": f"{daemon.tcp_url}/v1", "api": daemon.tcp_url, "token": daemon.token}
             for name, attempt in cases(urls).items():
+                if args.case not in name:
+                    continue
                 began, valid, failures = time.perf_counter(), 0, []
                 for seed in range(args.seeds):
                     try:

@@ -134,3 +134,15 @@ def test_an_answer_near_its_token_limit_closes_its_json(engine):
         out = engine.complete("tiny", CHAT, constrained(free, temperature=1.5, seed=seed, max_tokens=60))
         assert out.finish_reason == "stop", out.text
         jsonschema.validate(json.loads(out.text), free)
+
+
+@pytest.mark.parametrize(("text", "rank"), [
+    (b'"', 0), (b'"}', 0), (b'abc"', 0), (b'" ]', 0),        # close the string (and brackets), open nothing
+    (b"}", 1), (b" ]", 1), (b"}}", 1),                          # close a bracket
+    (b",", 2), (b'", "', 2), (b',"', 2), (b"},", 2),             # go on: a comma, even one that closes first
+    (b'{"', None), (b':"', None), (b"x", None), (b'\\"', None), (b'\\', None)])
+def test_closing_ranks_a_token_that_closes_and_reopens_as_a_comma(text, rank):
+    """An array of strings on the real base ran to the limit when `", "` counted as closing."""
+    from zenedge.runtime.grammar import closing_class
+
+    assert closing_class(text) == rank
