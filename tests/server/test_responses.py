@@ -128,6 +128,18 @@ def test_a_required_call_is_a_function_call_item_that_validates(openai_client, s
     assert named.output[0].type == "function_call" and named.output[0].name == "weather"
 
 
+def test_a_required_call_wins_over_a_text_format_which_is_still_checked(openai_client):
+    """instructor's Responses mode forces the call and sends its schema as text.format too."""
+    fmt = {"type": "json_schema", "name": "weather", "schema": WEATHER, "strict": True}
+    asked = dict(model="p0", input="weather in oslo?", tools=FUNCTIONS, temperature=0, max_output_tokens=120,
+                 tool_choice={"type": "function", "name": "weather"})
+    (call,) = openai_client.responses.create(**asked, text={"format": fmt}).output
+    assert call.type == "function_call"
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    with pytest.raises(openai.BadRequestError, match="uniqueItems"):
+        openai_client.responses.create(**asked, text={"format": {**fmt, "schema": {"uniqueItems": True}}})
+
+
 def test_a_conversation_with_a_call_and_its_output_is_answered(openai_client):
     first = openai_client.responses.create(model="p0", input="weather in oslo?", tools=FUNCTIONS,
                                            tool_choice="required", temperature=0, max_output_tokens=120)
@@ -157,9 +169,6 @@ def test_bad_requests_are_clear(openai_client):
     with pytest.raises(openai.BadRequestError, match="uniqueItems"):
         openai_client.responses.create(model="p0", input="hi", text={"format": {
             "type": "json_schema", "name": "x", "schema": {"type": "array", "uniqueItems": True}}})
-    with pytest.raises(openai.BadRequestError, match="`text.format` and a required tool call"):
-        openai_client.responses.create(model="p0", input="hi", tools=FUNCTIONS, tool_choice="required",
-                                       text={"format": {"type": "json_object"}})
     with pytest.raises(openai.UnprocessableEntityError, match="at least one item"):
         openai_client.responses.create(model="p0", input=[])
     with pytest.raises(openai.NotFoundError):

@@ -91,7 +91,8 @@ def test_a_history_with_calls_and_results_is_answered(openai_client):
     (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "nope"),
     (dict(tool_choice="required"), "needs `tools`"),
     (dict(tools=[{"type": "function", "function": {"name": "x", "parameters": {"type": "strang"}}}]), "strang"),
-    (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), "send one"),
+    (dict(tools=TOOLS, tool_choice="required",   # the call wins over a format, whose schema is still checked
+          response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}), "not"),
     (dict(messages=ASK + [{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "weather", "arguments": "{oops"}}]}]), "not JSON"),
 ])

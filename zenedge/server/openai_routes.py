@@ -99,17 +99,16 @@ class ToolPlan:
             raise InvalidInput('`tool_choice` "required" needs `tools`')
         return cls(dumped, choice if dumped else "none")
 
-    def grammar(self, answer: Grammar | None, format_field: str) -> Grammar | None:
+    def grammar(self, answer: Grammar | None) -> Grammar | None:
         """The grammar the answer decodes under, given `answer`, the one its output format asks
-        for (from the field `format_field`); every tool's schema is checked (a 400 now)."""
+        for (already compiled, so a bad schema there is a 400 too); every tool's schema is checked
+        (a 400 now). A required call wins over the format: the answer is then a call and has no
+        text for the format to shape (as OpenAI answers; instructor's Responses mode sends both,
+        the format being the call's own schema)."""
         if self.mode == "none":
             return answer
         call = calling.call_grammar(self.tools, self.only)
-        if self.mode == "auto":
-            return answer
-        if answer is not None:
-            raise InvalidInput(f"`{format_field}` and a required tool call both fix the answer: send one of them")
-        return call
+        return answer if self.mode == "auto" else call
 
 
 def wire_calls(calls: list[calling.Call]) -> list[wire.ToolCall]:
@@ -206,7 +205,7 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
         named = choice.function.name if isinstance(choice, wire.NamedToolChoice) else None
         plan = ToolPlan.of(body.tools, None if named else choice, named)
         grammar = await run_in_threadpool(   # a bad schema: a 400 now
-            lambda: plan.grammar(response_grammar(body.response_format), "response_format"))
+            lambda: plan.grammar(response_grammar(body.response_format)))
         params = sampling(body, body.max_completion_tokens or body.max_tokens, grammar, chat_logprobs(body))
         prompt = Prompt(messages=[m.for_template() for m in body.messages], tools=plan.tools)
         ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())

@@ -108,7 +108,7 @@ def router(state: DaemonState) -> APIRouter:
                                               "`type` (response.created … response.completed)"}})
     async def create(body: wire.ResponseRequest, request: Request):
         plan = tool_plan(body)
-        grammar = await run_in_threadpool(lambda: plan.grammar(format_grammar(body.text), "text.format"))
+        grammar = await run_in_threadpool(lambda: plan.grammar(format_grammar(body.text)))
         params = SamplingParams(grammar=grammar, max_tokens=body.max_output_tokens or DEFAULT_MAX_TOKENS,
                                 temperature=1.0 if body.temperature is None else body.temperature,
                                 top_p=1.0 if body.top_p is None else body.top_p)
