@@ -459,6 +459,10 @@ export interface OllamaChatRequest {
   format?: "" | "json" | { [key: string]: unknown } | null;
   /** thinking is not supported: true is refused */
   think?: boolean | string | null;
+  /** each answer token's log-probability under the model (its logits before penalties, temperature and any grammar) */
+  logprobs?: boolean | null;
+  /** with logprobs: the likeliest tokens at each position, and theirs */
+  top_logprobs?: number | null;
   /** empty: load the model and return */
   messages?: Array<OllamaMessage>;
   /** rendered into the prompt; a call is returned in `message.tool_calls` when the answer parses as one and validates */
@@ -482,6 +486,8 @@ export interface OllamaChatResponse {
   done: boolean;
   /** stop, length, cancelled, error; load or unload for empty requests */
   done_reason?: string | null;
+  /** with `logprobs`: the tokens of this line's text */
+  logprobs?: Array<TokenLogprobs> | null;
 }
 
 export interface OllamaDeleteRequest {
@@ -548,6 +554,10 @@ export interface OllamaGenerateRequest {
   format?: "" | "json" | { [key: string]: unknown } | null;
   /** thinking is not supported: true is refused */
   think?: boolean | string | null;
+  /** each answer token's log-probability under the model (its logits before penalties, temperature and any grammar) */
+  logprobs?: boolean | null;
+  /** with logprobs: the likeliest tokens at each position, and theirs */
+  top_logprobs?: number | null;
   /** templated as one user turn (unless raw); empty: load the model and return */
   prompt?: string;
   system?: string | null;
@@ -579,6 +589,8 @@ export interface OllamaGenerateResponse {
   response: string;
   done: boolean;
   done_reason?: string | null;
+  /** with `logprobs`: the tokens of this line's text */
+  logprobs?: Array<TokenLogprobs> | null;
 }
 
 export interface OllamaMessage {

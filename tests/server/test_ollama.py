@@ -296,3 +296,20 @@ def test_malformed_bodies_are_400_in_ollamas_shape(daemon):
     # at max_tokens nor greedy; zenedge names the first one instead.
     chat = httpx.post(f"{daemon.tcp_url}/api/chat", json={**chat_body("p0", "hi"), "stream": False}, headers=headers)
     assert chat.status_code == 400 and "`max_tokens` is not a field" in chat.json()["error"]
+
+
+def test_logprobs_on_chat_and_generate_collected_and_streamed(client):
+    greedy = {"temperature": 0, "num_predict": 10}
+    answer = client.chat(model="p0", messages=MESSAGES, options=greedy, logprobs=True, top_logprobs=2)
+    entries = answer.logprobs
+    assert entries and "".join(e.token for e in entries) == answer.message.content   # one token per character
+    for entry in entries:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2 and entry.top_logprobs[0].token == entry.token
+    streamed = [e for line in client.chat(model="p0", messages=MESSAGES, options=greedy, logprobs=True,
+                                          top_logprobs=2, stream=True) for e in line.logprobs or []]
+    assert [e.token for e in streamed] == [e.token for e in entries]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in entries], abs=1e-5)
+    generated = client.generate(model="p0", prompt="tell me a story", options=greedy, logprobs=True)
+    assert "".join(e.token for e in generated.logprobs) == generated.response
+    assert all(not e.top_logprobs for e in generated.logprobs)
+    assert client.chat(model="p0", messages=MESSAGES, options=greedy).logprobs is None

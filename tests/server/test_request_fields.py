@@ -183,7 +183,7 @@ def test_openai_penalties_are_honoured(openai_client):
 
 @pytest.mark.parametrize(("call", "named"), [
     (lambda c: c.chat(model="p0", messages=MESSAGES, options={"mirostat": 2}), "options.mirostat"),
-    (lambda c: c.chat(model="p0", messages=MESSAGES, logprobs=True), "logprobs"),
+    (lambda c: c.chat(model="p0", messages=MESSAGES, top_logprobs=2), "top_logprobs"),   # without logprobs
     (lambda c: c.generate(model="p0", prompt="hi", options={"typical_p": 0.5}), "options.typical_p"),
     (lambda c: c.chat(model="p0", messages=[{"role": "assistant", "content": "", "thinking": "hmm"}]),
      "messages[].thinking"),

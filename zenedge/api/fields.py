@@ -54,7 +54,6 @@ def _shown(value: Any) -> str:
     return json.dumps(value)
 
 
-_LOGPROBS = "log-probabilities are returned on /v1 (OpenAI's API) only"
 _FUNCTIONS = "the deprecated functions API is not supported: send `tools`"
 _RUNNER = "Ollama's runner settings (memory, threads, GPUs, batch, context): zenedge sizes its own"
 
@@ -146,13 +145,9 @@ OLLAMA_OPTIONS: dict[str, Rule] = {
     "mirostat_eta": metadata("a mirostat setting, which only 0 (off) is accepted for"),
 }
 
-# /api/chat and /api/generate, beyond what the models declare (they refuse tools, images…).
-OLLAMA_CHAT: dict[str, Rule] = {
-    "logprobs": only(False, why=_LOGPROBS),
-    "top_logprobs": only(0, why=_LOGPROBS),
-}
+# /api/chat and /api/generate, beyond what the models declare (they refuse images…).
+OLLAMA_CHAT: dict[str, Rule] = {}
 OLLAMA_GENERATE: dict[str, Rule] = {
-    **OLLAMA_CHAT,
     "width": refused("image generation is not supported"),
     "height": refused("image generation is not supported"),
     "steps": refused("image generation is not supported"),

@@ -779,6 +779,10 @@ class OllamaGenerationFields(Honoured):
     format: Literal["", "json"] | dict[str, Any] | None = Field(
         None, description='"json": any JSON object; a JSON schema: JSON valid against it (decoded under a grammar)')
     think: bool | str | None = Field(None, description="thinking is not supported: true is refused")
+    logprobs: bool | None = Field(None, description="each answer token's log-probability under the model (its "
+                                                    "logits before penalties, temperature and any grammar)")
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description="with logprobs: the likeliest tokens at each position, and theirs")
 
 
 class OllamaFunctionCall(Honoured):
@@ -856,6 +860,7 @@ class OllamaChatResponse(OllamaStats):
     message: OllamaReplyMessage
     done: bool
     done_reason: str | None = Field(None, description="stop, length, cancelled, error; load or unload for empty requests")
+    logprobs: list[TokenLogprobs] | None = Field(None, description="with `logprobs`: the tokens of this line's text")
 
 
 class OllamaGenerateResponse(OllamaStats):
@@ -866,6 +871,7 @@ class OllamaGenerateResponse(OllamaStats):
     response: str
     done: bool
     done_reason: str | None = None
+    logprobs: list[TokenLogprobs] | None = Field(None, description="with `logprobs`: the tokens of this line's text")
 
 
 class OllamaModelDetails(Reply):

@@ -21,7 +21,9 @@ The mapping:
 - `tools` are rendered into the prompt; a call comes back in `message.tool_calls` (arguments as
   an object) when the answer parses as one and its arguments validate, else the answer is text.
   Ollama has no `tool_choice`: a call is never forced here (it is on /v1).
-- What zenedge cannot honour (images, thinking, suffix, custom templates, a `context` to continue, logprobs) is refused with a 400 rather than silently ignored.
+- What zenedge cannot honour (images, thinking, suffix, custom templates, a `context` to continue) is refused
+  with a 400 rather than silently ignored. `logprobs` (and `top_logprobs`, up to 20) come on each line,
+  for the tokens whose text it carries, in Ollama's shape (token, logprob, bytes, top_logprobs).
 - Streams are NDJSON, Ollama's default. Errors are Ollama's `{"error": "message"}` with the
   daemon's statuses (400 bad request, 404 unknown model, 503 queue full); the security middleware's
   own refusals (401, 403, 413) keep zenedge's body, as on every route.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Sequence
 
 from fastapi import APIRouter, Request
@@ -50,7 +52,9 @@ from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
 from zenedge.runtime.grammar import Grammar
 from zenedge.runtime.router import Route
+from zenedge.runtime.sampling import TokenLogprob
 from zenedge.server import errors, ollama_models, streaming
+from zenedge.server.logprobs import LogprobText, logprobs_asked
 from zenedge.server.openai_routes import DEFAULT_MAX_TOKENS
 from zenedge.server.scheduler import Job
 from zenedge.server.state import DaemonState
@@ -131,10 +135,12 @@ def keep_alive_seconds(value: float | str | None) -> float | None:
     return -seconds if text.startswith("-") else seconds
 
 
-def sampling(options: wire.OllamaOptions | None, grammar: Grammar | None = None) -> SamplingParams:
+def sampling(options: wire.OllamaOptions | None, grammar: Grammar | None = None,
+             logprobs: int | None = None) -> SamplingParams:
     o = options or wire.OllamaOptions()
     return SamplingParams(
         grammar=grammar,
+        logprobs=logprobs,
         max_tokens=o.num_predict if o.num_predict and o.num_predict > 0 else DEFAULT_MAX_TOKENS,
         temperature=TEMPERATURE if o.temperature is None else o.temperature,
         top_p=TOP_P if o.top_p is None else o.top_p,
@@ -197,8 +203,11 @@ class Framing:
 
     model: str
     chat: bool
+    logprobs: LogprobText | None = None   # with `logprobs: true`
 
-    def line(self, text: str, done: bool = False, calls: Sequence[calling.Call] = (), **extra: Any) -> dict[str, Any]:
+    def line(self, text: str, done: bool = False, calls: Sequence[calling.Call] = (),
+             items: Sequence[TokenLogprob] = (), **extra: Any) -> dict[str, Any]:
+        """A line of `text` (and `calls`); `items`, the log-probabilities of the tokens it completes."""
         body: dict[str, Any] = {"model": self.model, "created_at": now()}
         if self.chat:
             body["message"] = {"role": "assistant", "content": text}
@@ -207,6 +216,8 @@ class Framing:
                                                  for i, c in enumerate(calls)]
         else:
             body["response"] = text
+        if self.logprobs is not None and items:
+            body["logprobs"] = [entry.model_dump() for entry in self.logprobs.chat(list(items)).content]
         return {**body, "done": done, **extra}
 
 
@@ -341,14 +352,18 @@ async def _generate(state: DaemonState, request: Request, body: wire.OllamaGener
     """Submit to the scheduler, wait for the start (so that early errors keep their HTTP status),
     then stream NDJSON or collect one answer. With `tools`, what may be a call is held back until
     the end, then sent as `message.tool_calls` or as text (runtime/tools.CallStream)."""
-    params = sampling(body.options, await run_in_threadpool(format_grammar, body.format))
+    params = sampling(body.options, await run_in_threadpool(format_grammar, body.format),
+                      logprobs_asked(body.logprobs, body.top_logprobs))
     keep_alive_seconds(body.keep_alive)
     timings = Timings()
     route = await _route(state, body.model)
     job = state.scheduler.submit(route, prompt, params)
     timings.prompt_tokens = await streaming.started(request, job)
     timings.started = time.perf_counter_ns()
-    tokenizer = state.engine.resident(route.base).tokenizer if tools else None
+    resident_tokenizer = state.engine.resident(route.base).tokenizer
+    tokenizer = resident_tokenizer if tools else None
+    if params.logprobs is not None:
+        framing = replace(framing, logprobs=LogprobText(resident_tokenizer))
     if body.stream:
         watcher = calling.CallStream(tools, tokenizer) if tokenizer is not None else None
 
@@ -358,18 +373,19 @@ async def _generate(state: DaemonState, request: Request, body: wire.OllamaGener
 
         return streaming.JobStreamingResponse(_lines(job, timings, framing, watcher), on_close=close,
                                               media_type=NDJSON)
-    parts, end = [], {"done_reason": "stop"}
+    parts, items, end = [], [], {"done_reason": "stop"}
     try:
         async with streaming.cancel_on_disconnect(request, job):
             async for delta in _timed(job, timings):
                 parts.append(delta.text)
+                items += [delta.logprob] if delta.logprob is not None else []
                 end = _end(delta) or end
     finally:
         _release(state, route, body.keep_alive)
     text, calls = "".join(parts), []
     if tokenizer is not None:
         text, calls = await run_in_threadpool(calling.parse, text, tools, tokenizer)
-    return framing.line(text, done=True, calls=calls, **end, **timings.stats())
+    return framing.line(text, done=True, calls=calls, items=items, **end, **timings.stats())
 
 
 def _end(delta) -> dict[str, str] | None:
@@ -392,18 +408,21 @@ async def _lines(job: Job, timings: Timings, framing: Framing,
                  watcher: calling.CallStream | None = None) -> AsyncIterator[bytes]:
     """A line per piece of text, then a last line with `done`, the reason and the stats; a failure
     mid-stream is one error line. Calls (with a `watcher`) go in one line before the last."""
-    end = {"done_reason": "stop"}
+    end, owed = {"done_reason": "stop"}, []   # owed: tokens whose text has not gone out yet
     try:
         async for delta in _timed(job, timings):
+            owed += [delta.logprob] if delta.logprob is not None else []
             text = delta.text if watcher is None else watcher.feed(delta.text)
             if text:
-                yield streaming.ndjson(framing.line(text))
+                yield streaming.ndjson(framing.line(text, items=owed))
+                owed = []
             if delta.finish_reason and watcher is not None:
                 rest, calls = await run_in_threadpool(watcher.finish)
                 if rest or calls:
-                    yield streaming.ndjson(framing.line(rest, calls=calls))
+                    yield streaming.ndjson(framing.line(rest, calls=calls, items=owed))
+                    owed = []
             end = _end(delta) or end
-        yield streaming.ndjson(framing.line("", done=True, **end, **timings.stats()))
+        yield streaming.ndjson(framing.line("", done=True, items=owed, **end, **timings.stats()))
     except errors.ClientGone:
         return
     except Exception as exc:

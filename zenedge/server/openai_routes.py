@@ -35,9 +35,10 @@ from zenedge.runtime import tools as calling
 from zenedge.runtime.embed import Embedder
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
-from zenedge.runtime.grammar import Grammar, token_bytes
+from zenedge.runtime.grammar import Grammar
 from zenedge.runtime.sampling import TokenLogprob
 from zenedge.server import errors, streaming
+from zenedge.server.logprobs import LogprobText, logprobs_asked
 from zenedge.server.scheduler import Job
 from zenedge.server.state import DaemonState
 
@@ -117,48 +118,12 @@ def wire_calls(calls: list[calling.Call]) -> list[wire.ToolCall]:
             for c in calls]
 
 
-def chat_logprobs(body: wire.ChatCompletionRequest) -> int | None:
-    """SamplingParams.logprobs for a chat request: None (off), or how many alternatives to list."""
-    if not body.logprobs:
-        if body.top_logprobs:
-            raise InvalidInput("`top_logprobs` needs `logprobs: true`")
-        return None
-    return body.top_logprobs or 0
-
-
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     """Choice `index` of a request with `n` > 1: with a seed, it samples with seed + index (so that
     seeded choices differ and each reproduces); without one, each draws its own."""
     if params.seed is None or index == 0:
         return params
     return replace(params, seed=(params.seed + index) % 2**64)
-
-
-class LogprobText:
-    """One choice's token log-probabilities in the wire's shapes, each token by its text."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.offset = 0   # characters of the choice's tokens so far (the legacy text_offset)
-
-    def _entry(self, token: int, logprob: float) -> wire.TopLogprob:
-        raw = token_bytes(self.tokenizer, token)
-        return wire.TopLogprob(token=raw.decode("utf-8", "replace"), logprob=logprob, bytes=list(raw))
-
-    def chat(self, items: list[TokenLogprob]) -> wire.ChoiceLogprobs:
-        content = [wire.TokenLogprobs(**self._entry(item.token, item.logprob).model_dump(),
-                                      top_logprobs=[self._entry(t, lp) for t, lp in item.top]) for item in items]
-        return wire.ChoiceLogprobs(content=content)
-
-    def completion(self, items: list[TokenLogprob]) -> wire.CompletionLogprobs:
-        tokens, offsets = [], []
-        for item in items:
-            offsets.append(self.offset)
-            tokens.append(self._entry(item.token, item.logprob).token)
-            self.offset += len(tokens[-1])
-        top = [{self._entry(t, lp).token: lp for t, lp in item.top} for item in items]
-        return wire.CompletionLogprobs(tokens=tokens, token_logprobs=[item.logprob for item in items],
-                                       top_logprobs=top, text_offset=offsets)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
@@ -206,7 +171,8 @@ def router(state: DaemonState, embedder: Embedder) -> APIRouter:
         plan = ToolPlan.of(body.tools, None if named else choice, named)
         grammar = await run_in_threadpool(   # a bad schema: a 400 now
             lambda: plan.grammar(response_grammar(body.response_format)))
-        params = sampling(body, body.max_completion_tokens or body.max_tokens, grammar, chat_logprobs(body))
+        params = sampling(body, body.max_completion_tokens or body.max_tokens, grammar,
+                          logprobs_asked(body.logprobs, body.top_logprobs))
         prompt = Prompt(messages=[m.for_template() for m in body.messages], tools=plan.tools)
         ident, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         jobs, prompt_tokens = await submit(state, request, body.model, prompt, params, body.n or 1)

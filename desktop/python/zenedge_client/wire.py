@@ -564,6 +564,8 @@ class OllamaChatRequest(_OllamaChatRequestRequired, total=False):
     keep_alive: Union[float, str, None]
     format: Union[Literal['', 'json'], Dict[str, Any], None]
     think: Union[bool, str, None]
+    logprobs: Union[bool, None]
+    top_logprobs: Union[int, None]
     messages: List["OllamaMessage"]
     tools: Union[List["Tool"], None]
 
@@ -585,6 +587,7 @@ class OllamaChatResponse(_OllamaChatResponseRequired, total=False):
     eval_duration: Union[int, None]
     error: Union[str, None]
     done_reason: Union[str, None]
+    logprobs: Union[List["TokenLogprobs"], None]
 
 
 class _OllamaDeleteRequestRequired(TypedDict):
@@ -667,6 +670,8 @@ class OllamaGenerateRequest(_OllamaGenerateRequestRequired, total=False):
     keep_alive: Union[float, str, None]
     format: Union[Literal['', 'json'], Dict[str, Any], None]
     think: Union[bool, str, None]
+    logprobs: Union[bool, None]
+    top_logprobs: Union[int, None]
     prompt: str
     system: Union[str, None]
     raw: bool
@@ -693,6 +698,7 @@ class OllamaGenerateResponse(_OllamaGenerateResponseRequired, total=False):
     eval_duration: Union[int, None]
     error: Union[str, None]
     done_reason: Union[str, None]
+    logprobs: Union[List["TokenLogprobs"], None]
 
 
 class _OllamaMessageRequired(TypedDict):
