@@ -3,8 +3,9 @@
 Rows: transformers' own `generate` (fp32, bf16) beside zenedge's loop for the plain base, a LoRA
 variant, a BitDelta variant (packed, as served by default; and with a dense copy,
 `runtime.bitdelta_dense = "always"`), batches of 1, 2, 4, 8 and 16 rows of the base alone and of
-mixed variants (LoRA, packed BitDelta and base rows: `mixed_rows`), plus the reference loop
-(transformers' DynamicCache). Each zenedge row of the default precision also gets its ratio to one
+mixed variants (LoRA, packed BitDelta and base rows: `mixed_rows`), the reference loop
+(transformers' DynamicCache), and one base row and the mixed 8-row batch decoding under a JSON
+schema, each against its unconstrained twin (`constrained_cases`). Each zenedge row of the default precision also gets its ratio to one
 base row, the median of the per-round ratios. Every row is timed once per round
 and the rounds interleave the rows, so a neighbour's load spike hits all rows alike; medians are
 reported. Besides tokens/s: cached variant switch and cold load times, bytes read per step, and
@@ -53,7 +54,7 @@ class Timing:
     decode_tokens: int | None = None
 
 
-@dataclass
+@dataclass(eq=False)   # a case is itself (a key of constrained_cases' twins), not its fields
 class Case:
     name: str
     engine: str                   # "transformers" | "zenedge" | "zenedge-reference"
@@ -369,6 +370,8 @@ def run_bench(options: Options, progress=_progress) -> dict:
         cases += [Case("zenedge", "zenedge", label, 1, "base", zenedge_case(endless[label], one(None)),
                        bytes_for(label, [None])) for label in setups if label != dd]
         base_case = next(c for c in cases if c.engine == "zenedge" and c.dtype == dd and c.variant == "base")
+        twins = constrained_cases(cases, resident, prompt, n, loras, packed, bytes_for)
+        cases += list(twins)
         peer_rows, result["peers_skipped"] = _peers(llama_bench, options, n, kv, w, progress)
         at = cases.index(base_case) + 1
         schedule = cases[:at] + peer_rows + cases[at:]        # llama.cpp right beside zenedge's base
@@ -389,6 +392,10 @@ def run_bench(options: Options, progress=_progress) -> dict:
             if case.engine == "zenedge" and case.dtype == dd:
                 row["vs_one_base_row"] = statistics.median(
                     r / b for r, b in zip(case.decode_rates(n), base_case.decode_rates(n)))
+        for row, case in zip(result["rows"], cases):
+            if case in twins:
+                row["vs_unconstrained"] = statistics.median(
+                    r / b for r, b in zip(case.decode_rates(n), twins[case].decode_rates(n)))
         result["peers"] = [peers.summarise(p, base_case.decode_rates(n), copy_bw) for p in peer_rows]
         return result
     finally:
@@ -472,6 +479,36 @@ def gemv_speeds(residents: dict, repeats: int) -> dict:
 BATCH_ROWS = (1, 2, 4, 8, 16)
 # The order mixed batches take their rows in: 8 rows are 4 LoRA + 2 BitDelta + 2 base; 16 are each twice.
 _MIX = ("lora", "bitdelta", "base", "lora", "lora", "bitdelta", "base", "lora")
+
+
+# Constrained decoding's rows: an array of at least 64 free strings cannot end within the run's
+# tokens, so every row decodes all of them, each step masked (free strings are where the mask
+# costs most: llguidance's lexer walks every token that may continue a string).
+CONSTRAINED_SCHEMA = {"type": "array", "items": {"type": "string"}, "minItems": 64}
+CONSTRAINED = ", JSON schema"
+CONSTRAINED_ROWS = 8
+
+
+def constrained_cases(cases: list, resident, prompt: list[int], tokens: int, loras: list, deltas: list,
+                      bytes_for) -> dict:
+    """A constrained twin of one base row and of the mixed 8-row batch: {twin: its unconstrained case}.
+    On `resident` as served (its real EOS: the grammar admits it only where the JSON may end)."""
+    from zenedge.runtime.generate import GenerationRequest, SamplingParams
+    from zenedge.runtime.grammar import Grammar
+
+    grammar = Grammar.json_schema(CONSTRAINED_SCHEMA, "the bench's schema")
+    twins = {}
+    for rows in (1, CONSTRAINED_ROWS):
+        variants = [None] if rows == 1 else mixed_rows(rows, loras, deltas)
+        label = "base" if rows == 1 else describe_mix(variants)
+        plain = next(c for c in cases if c.engine == "zenedge" and c.rows == rows and c.variant == label
+                     and c.dtype == default_precision())
+        requests = [GenerationRequest(prompt, v, SamplingParams(max_tokens=tokens, grammar=grammar)) for v in variants]
+        distinct = list({id(v): v for v in variants}.values())
+        twin = Case("zenedge", "zenedge", plain.dtype, rows, label + CONSTRAINED, zenedge_case(resident, requests),
+                    bytes_for(plain.dtype, distinct, rows=rows))
+        twins[twin] = plain
+    return twins
 
 
 def mixed_rows(rows: int, loras: list, deltas: list) -> list:
