@@ -1,7 +1,8 @@
 """How often what agent libraries send comes back valid, on the real default base: each case of
-tests/server/test_agent_libraries.py over seeds 0..N-1 (20 by default), as a table.
+tests/server/test_agent_libraries.py, then the overlay's (tests/overlay_clients.py: instructor,
+litellm, hanzo-llm, llama-index), over seeds 0..N-1 (20 by default), as a table.
 
-    python -m tests.agent_libraries                    # 20 seeds per case (about 15 minutes on 2 cores)
+    python -m tests.agent_libraries                    # 20 seeds per case (about 25 minutes on 2 cores)
     python -m tests.agent_libraries --seeds 5 --out benchmarks/DATE-agent-libraries.md
     python -m tests.agent_libraries --case json_mode   # the cases whose name holds this
 
@@ -21,6 +22,7 @@ from typing import Callable
 
 import jsonschema
 
+from tests import overlay
 from tests.server.harness import ThreadDaemon, one_torch_thread, write_config
 from tests.server.test_agent_libraries import (ASK_CITY, ASK_WEATHER, MODEL, City, chat_ollama, chat_openai, weather,
                                                weather_schema)
@@ -109,6 +111,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
     parser.add_argument("--case", default="", help="only the cases whose name contains this")
+    parser.add_argument("--no-overlay", action="store_true",
+                        help="leave out the overlay's libraries (instructor, litellm, hanzo-llm, llama-index)")
     args = parser.parse_args()
     from zenedge.bench.throughput import machine
 
@@ -128,6 +132,10 @@ def main() -> None:
                         failures.append(f"seed {seed}: {type(exc).__name__}: {' '.join(str(exc).split())[:120]}")
                 rows.append((name, valid, time.perf_counter() - began, failures))
                 print(f"{name}: {valid}/{args.seeds}", flush=True)
+            if not args.no_overlay:   # instructor, litellm, hanzo-llm, llama-index (tests/overlay.py)
+                for r in overlay.run_clients(urls, args.seeds, args.case):
+                    rows.append((r["case"], r["valid"], r["seconds"], r["failures"]))
+                    print(f"{r['case']}: {r['valid']}/{args.seeds}", flush=True)
         finally:
             daemon.stop()
     host = machine()

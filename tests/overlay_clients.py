@@ -1,7 +1,7 @@
 """The agent libraries that cannot share the test venv (tests/overlay-requirements.txt: instructor,
 litellm, hanzo-llm, llama-index), each case tried over seeds against a running daemon. Run with
 the overlay first on PYTHONPATH, as tests/server/test_overlay_libraries.py does; prints one JSON
-line per case: {"case", "valid", "tries", "failures"}.
+line per case: {"case", "valid", "tries", "failures", "seconds"}.
 
     PYTHONPATH=.overlay python tests/overlay_clients.py --v1 URL/v1 --api URL --token T --seeds 3
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Callable
 
 import jsonschema
@@ -124,14 +125,15 @@ def main() -> None:
     for name, attempt in cases(args.v1, args.api, args.token).items():
         if args.case not in name:
             continue
-        valid, failures = 0, []
+        valid, failures, began = 0, [], time.perf_counter()
         for seed in range(args.seeds):
             try:
                 attempt(seed)
                 valid += 1
             except Exception as exc:   # the library refused the answer: count it, say why
                 failures.append(f"seed {seed}: {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
-        print(json.dumps({"case": name, "valid": valid, "tries": args.seeds, "failures": failures}), flush=True)
+        print(json.dumps({"case": name, "valid": valid, "tries": args.seeds, "failures": failures,
+                          "seconds": time.perf_counter() - began}), flush=True)
 
 
 if __name__ == "__main__":

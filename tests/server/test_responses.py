@@ -173,3 +173,16 @@ def test_bad_requests_are_clear(openai_client):
         openai_client.responses.create(model="p0", input=[])
     with pytest.raises(openai.NotFoundError):
         openai_client.responses.create(model="ghost", input="hi")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_that_admits_no_token_fails_the_response_with_its_reason(openai_client, stream):
+    """The tiny tokenizer has no "é": after the opening quote the schema's grammar admits nothing."""
+    asked = dict(model="p0", input="hi", max_output_tokens=8,
+                 text={"format": {"type": "json_schema", "name": "x", "schema": {"enum": ["été"]}}})
+    if stream:
+        with openai_client.responses.stream(**asked) as events:
+            response = list(events)[-1].response
+    else:
+        response = openai_client.responses.create(**asked)
+    assert response.status == "failed" and "admits no next token" in response.error.message

@@ -170,7 +170,7 @@ class OutputText(BaseModel):
 class OutputMessage(BaseModel):
     type: Literal["message"] = "message"
     id: str
-    status: Literal["in_progress", "completed", "incomplete"]
+    status: Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
     role: Literal["assistant"] = "assistant"
     content: list[OutputText]
 
@@ -208,7 +208,7 @@ class Response(Reply):
     id: str
     object: Literal["response"] = "response"
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    status: Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
     model: str
     output: list[OutputItem]
     instructions: str | None = None

@@ -34,8 +34,12 @@ from zenedge.server.openai_routes import DEFAULT_MAX_TOKENS, ToolPlan, cancel_al
 from zenedge.server.scheduler import Job
 from zenedge.server.state import DaemonState
 
-STATUS = {"stop": "completed", "tool_calls": "completed", "length": "incomplete", "error": "failed"}
-ENDING_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
+# A row's finish reason as the response's status, and the event that ends its stream ("cancelled":
+# the daemon shut down mid-answer; OpenAI's stream has no event of its own for it).
+STATUS = {"stop": "completed", "tool_calls": "completed", "length": "incomplete", "error": "failed",
+          "cancelled": "cancelled"}
+ENDING_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed",
+                "cancelled": "response.incomplete"}
 
 
 def format_grammar(text: wire.TextConfig | None) -> Grammar | None:
