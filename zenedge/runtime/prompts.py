@@ -2,20 +2,49 @@
 
 `chat_ids` is the one place a chat template is rendered: generation, the eval sets' examples and
 the gate's proxy prompts all read their prompts through it, so they see the same tokens.
+
+A base whose tokenizer has no chat template (a GGUF that ships none, a base model) gets the plain
+prompt of `plain_chat`: the system text, then a `User: …` / `Assistant: …` / `Tool: …` line per
+turn, ending with `Assistant:`. The daemon and the CLI say so once per tokenizer (a warning).
 """
 
 from __future__ import annotations
 
+import logging
+import weakref
 from typing import Sequence
 
 from zenedge.errors import InvalidInput
+
+log = logging.getLogger("zenedge.runtime")
+PLAIN_LABELS = {"user": "User", "assistant": "Assistant", "tool": "Tool"}
+_WARNED: weakref.WeakSet = weakref.WeakSet()   # tokenizers whose missing template was reported
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def plain_chat(messages: Sequence[dict], add_generation_prompt: bool = True) -> str:
+    """The fallback prompt for a base without a chat template."""
+    parts = []
+    for message in messages:
+        label = PLAIN_LABELS.get(message["role"])
+        parts.append(f"{message['content']}\n\n" if label is None else f"{label}: {message['content']}\n")
+    return "".join(parts) + ("Assistant:" if add_generation_prompt else "")
 
 
 def chat_ids(tokenizer, messages: Sequence[dict], add_generation_prompt: bool = True,
              tools: Sequence[dict] | None = None) -> list[int]:
     """Messages in OpenAI form → token ids through the tokenizer's chat template, ending with the
     assistant header when `add_generation_prompt` (the model answers next). `tools`: passed to
-    templates that render them (runtime/tools.py decides)."""
+    templates that render them (runtime/tools.py decides). Without a template: `plain_chat`."""
+    if not has_chat_template(tokenizer):
+        if tokenizer not in _WARNED:
+            _WARNED.add(tokenizer)
+            log.warning("this base's tokenizer has no chat template: chats use zenedge's plain prompt "
+                        "(User: … / Assistant:)")
+        return list(tokenizer(plain_chat(messages, add_generation_prompt))["input_ids"])
     extra = {"tools": list(tools)} if tools else {}
     ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt, tokenize=True,
                                         return_dict=False, **extra)
