@@ -116,6 +116,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
     model.config.save_pretrained(out_dir)
     model.generation_config.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    if progress and not getattr(tokenizer, "chat_template", None):
+        progress("note: the file has no chat template; chats with this base use zenedge's plain prompt "
+                 "(User: … / Assistant:)")
 
 
 @contextlib.contextmanager

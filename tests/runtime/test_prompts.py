@@ -6,7 +6,7 @@ import logging
 from tests.conftest import tiny_tokenizer
 from zenedge.runtime.engine import Prompt
 from zenedge.runtime.generate import SamplingParams
-from zenedge.runtime.prompts import chat_ids, plain_chat
+from zenedge.runtime.prompts import PLAIN_STOP, chat_ids, plain_chat
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "hello"}, {"role": "tool", "content": "42"},
@@ -36,7 +36,12 @@ def test_without_a_template_the_plain_prompt_is_used_and_said_once(caplog):
         "this base's tokenizer has no chat template: chats use zenedge's plain prompt (User: … / Assistant:)") == 1
 
 
-def test_a_base_without_a_template_answers_a_chat(engine):
+def test_a_base_without_a_template_answers_a_chat_and_stops_before_a_user_line(engine):
     engine.resident("tiny").tokenizer.chat_template = None
-    out = engine.complete("tiny", Prompt(messages=[{"role": "user", "content": "hi"}]), SamplingParams(max_tokens=6))
+    chat = Prompt(messages=[{"role": "user", "content": "hi"}])
+    out = engine.complete("tiny", chat, SamplingParams(max_tokens=6))
     assert out.prompt_tokens == len("User: hi\nAssistant:") and out.completion_tokens > 0
+    route, resident = engine.router.route("tiny"), engine.resident("tiny")
+    asked = SamplingParams(max_tokens=6, stop=("x",))
+    assert engine.request(route, resident, chat, asked).params.stop == ("x", PLAIN_STOP)
+    assert engine.request(route, resident, Prompt(text="User: hi"), asked).params.stop == ("x",)   # raw text

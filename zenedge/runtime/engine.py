@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from zenedge import bases
@@ -19,7 +19,7 @@ from zenedge.runtime.dense_bitdelta import DenseBitDeltas
 from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
 from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, check_fits, generate
 from zenedge.runtime.model import ResidentModel, load_resident
-from zenedge.runtime.prompts import chat_ids, check_messages, encode_chat, encode_text
+from zenedge.runtime.prompts import PLAIN_STOP, chat_ids, check_messages, encode_chat, encode_text, has_chat_template
 from zenedge.runtime.router import Route, Router
 from zenedge.runtime.variants import Variant, load_bitdelta, load_lora
 from zenedge.store import Store
@@ -120,6 +120,8 @@ class Engine:
         engine's own calls and the daemon's scheduler."""
         input_ids = prompt.encode(resident.tokenizer)
         check_fits(resident, input_ids)
+        if prompt.messages is not None and not has_chat_template(resident.tokenizer):
+            params = replace(params, stop=(*params.stop, PLAIN_STOP))   # the plain prompt's next turn
         request = GenerationRequest(input_ids, self.variant(route), params, cancelled)
         self.record_request(route)
         return request

@@ -5,7 +5,8 @@ the gate's proxy prompts all read their prompts through it, so they see the same
 
 A base whose tokenizer has no chat template (a GGUF that ships none, a base model) gets the plain
 prompt of `plain_chat`: the system text, then a `User: …` / `Assistant: …` / `Tool: …` line per
-turn, ending with `Assistant:`. The daemon and the CLI say so once per tokenizer (a warning).
+turn, ending with `Assistant:`; the answer stops before a `User:` line of its own (PLAIN_STOP). The
+daemon and the CLI say so once per tokenizer (a warning).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from zenedge.errors import InvalidInput
 
 log = logging.getLogger("zenedge.runtime")
 PLAIN_LABELS = {"user": "User", "assistant": "Assistant", "tool": "Tool"}
+PLAIN_STOP = "\nUser:"   # where a model given the plain prompt starts writing the user's next turn
 _WARNED: weakref.WeakSet = weakref.WeakSet()   # tokenizers whose missing template was reported
 
 
