@@ -134,3 +134,26 @@ def test_compress_on_a_mismatched_checkpoint_is_one_line(isolated_home, tiny_bas
     line = one_error_line(run_cli("compress", "--base", "tiny", "--finetuned", str(empty), "--name", "x"), 2)
     assert "no .safetensors" in line
     assert Store(isolated_home).names() == []
+
+
+def test_a_gguf_base_add_cannot_take_is_one_line_and_stores_nothing(isolated_home, tmp_path):
+    import gguf
+    import numpy as np
+
+    foreign = tmp_path / "foo.gguf"
+    writer = gguf.GGUFWriter(str(foreign), "foo")   # an architecture transformers' GGUF loader does not read
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(foreign.read_bytes()[:20])
+    for path, says in ((foreign, "foo.gguf (foo) cannot be loaded: GGUF model with architecture foo"),
+                       (truncated, "cut.gguf is not a readable GGUF file")):
+        result = run_cli("base", "add", str(path))
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.splitlines()[-1].startswith(f"error: {says}"), result.stderr   # after any progress
+    listed = json.loads(run_cli("base", "list", "--json", check=True).stdout)
+    assert not any(b["name"] in ("foo", "cut") for b in listed)

@@ -99,13 +99,19 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
     from zenedge.runtime.model import load_causal_lm
 
     folder, filename = str(gguf_path.parent), gguf_path.name
+    architecture = gguf_architecture(gguf_path)
     if progress:
-        progress("reading tokenizer")
-    with _quiet_progress_bars(progress is not None):
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-        if progress:
-            progress("dequantising weights")
-        model = load_causal_lm(folder, gguf_file=filename)
+        progress(f"reading tokenizer ({architecture})")
+    try:
+        with _quiet_progress_bars(progress is not None):
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+            if progress:
+                progress("dequantising weights")
+            model = load_causal_lm(folder, gguf_file=filename)
+    except (ValueError, KeyError, NotImplementedError) as exc:   # transformers' GGUF loader refusing the file
+        raise InvalidInput(f"{filename} ({architecture}) cannot be loaded: {_one_line(exc)}",
+                           hint="supported: the architectures transformers' GGUF loader reads (llama, mistral, "
+                                "qwen2/3, phi3, gemma2/3, …)") from None
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
@@ -119,6 +125,26 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
     if progress and not getattr(tokenizer, "chat_template", None):
         progress("note: the file has no chat template; chats with this base use zenedge's plain prompt "
                  "(User: … / Assistant:)")
+
+
+def gguf_architecture(path: Path) -> str:
+    """The file's `general.architecture`, after checking that it is a GGUF file at all (read
+    through the `gguf` package's memory map: the header and tensor table only)."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:   # a truncated or foreign file fails in many ways: one line for all
+        raise InvalidInput(f"{path.name} is not a readable GGUF file: {_one_line(exc)}") from None
+    field = reader.fields.get("general.architecture")
+    if field is None or not field.data:
+        raise InvalidInput(f"{path.name} names no architecture (its `general.architecture` is missing)")
+    return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 @contextlib.contextmanager
