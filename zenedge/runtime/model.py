@@ -53,6 +53,7 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
 
     hf_logging.disable_progress_bar()  # our CLI reports progress itself
     hf_logging.set_verbosity_error()
+    check_memory(name, directory, dtype, weights if device.type == "cpu" else "full")
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = load_causal_lm(directory, dtype=dtype, use_safetensors=True)
@@ -66,6 +67,44 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
     return ResidentModel(name, model, tokenizer, state, device, dtype, time.perf_counter() - start, eos_ids, weights)
+
+
+# Bytes per parameter of the fast CPU copy each `runtime.weights` format adds beside the model's
+# own weights (cpu_weights.py; int4 and int8 with their scales). "full" adds a packed copy in bf16.
+FAST_COPY_BYTES = {"full": 0.0, "int8": 1.1, "int4": 0.6, "q8": 1.1}
+LOAD_HEADROOM = 1.15   # allocator slack, the KV cache pool and the tokenizer, on top of the weights
+
+
+def resident_bytes(directory: Path, dtype: torch.dtype, weights: str) -> tuple[int, int]:
+    """(parameters, bytes) of the base in `directory` once resident: read from its safetensors
+    headers, before any weight is loaded."""
+    from zenedge.adapters.safetensors_file import read_header
+
+    params = sum(t.numel for path in sorted(Path(directory).glob("*.safetensors"))
+                 for t in read_header(path).tensors.values())
+    copy = 2.0 if weights == "full" and dtype == torch.bfloat16 else FAST_COPY_BYTES.get(weights, 2.0)
+    return params, int(params * (dtype.itemsize + copy) * LOAD_HEADROOM)
+
+
+def check_memory(name: str, directory: Path, dtype: torch.dtype, weights: str) -> None:
+    """Refuse a base whose resident form does not fit the memory free now, before loading it: a
+    clear error instead of a swap storm or the kernel's OOM killer."""
+    import psutil
+
+    from zenedge.errors import Unavailable
+    from zenedge.sizes import format_size
+
+    params, needed = resident_bytes(directory, dtype, weights)
+    free = psutil.virtual_memory().available
+    if needed > free:
+        raise Unavailable(f"base {name!r} needs about {format_size(needed)} of memory to load ({_count(params)} "
+                          f"parameters as {str(dtype).removeprefix('torch.')}, weights {weights!r}); "
+                          f"{format_size(free)} is free",
+                          hint="close other programs, or use a smaller base or `runtime.weights = \"int4\"`")
+
+
+def _count(params: int) -> str:
+    return f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M" if params >= 1e6 else f"{params:,}"
 
 
 def load_causal_lm(source, **kwargs) -> torch.nn.Module:
