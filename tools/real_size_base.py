@@ -64,15 +64,15 @@ def build(shape: str, out: Path, seed: int = 0, max_positions: int = 8192) -> Pa
     names = [(name, p.shape) for name, p in skeleton.state_dict().items() if name not in tied]
     out.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
-    shards, shard, size, index = [], {}, 0, {}
+    shard, size, index, total, written = {}, 0, {}, 0, 0
 
-    def flush() -> None:
-        nonlocal shard, size
+    def flush() -> None:   # write the shard and let it go: one shard in memory at a time
+        nonlocal shard, size, total, written
         if shard:
-            shards.append(shard)
-            save_file(shard, str(out / f"part-{len(shards):05d}.safetensors"), metadata={"format": "pt"})
-            for name in shard:
-                index[name] = f"part-{len(shards):05d}.safetensors"
+            written += 1
+            save_file(shard, str(out / f"part-{written:05d}.safetensors"), metadata={"format": "pt"})
+            index.update({name: f"part-{written:05d}.safetensors" for name in shard})
+            total += size
             shard, size = {}, 0
 
     for name, shape_ in names:
@@ -84,7 +84,6 @@ def build(shape: str, out: Path, seed: int = 0, max_positions: int = 8192) -> Pa
             flush()
         shard[name], size = tensor, size + tensor.numel() * 2
     flush()
-    total = sum(t.numel() * 2 for s in shards for t in s.values())
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
                                                                   "weight_map": index}, indent=1))
     config.save_pretrained(out)
