@@ -714,7 +714,7 @@ export interface OutputFunctionCall {
 export interface OutputMessage {
   type?: "message";
   id: string;
-  status: "in_progress" | "completed" | "incomplete";
+  status: "in_progress" | "completed" | "incomplete" | "failed" | "cancelled";
   role?: "assistant";
   content: Array<OutputText>;
 }
@@ -723,6 +723,8 @@ export interface OutputText {
   type?: "output_text";
   text: string;
   annotations?: Array<unknown>;
+  /** with include "message.output_text.logprobs" */
+  logprobs?: Array<TokenLogprobs> | null;
 }
 
 export interface PinRequest {
@@ -848,7 +850,7 @@ export interface Response {
   id: string;
   object: "response";
   created_at: number;
-  status: "in_progress" | "completed" | "incomplete" | "failed";
+  status: "in_progress" | "completed" | "incomplete" | "failed" | "cancelled";
   model: string;
   output: Array<OutputMessage | OutputFunctionCall>;
   instructions: string | null;
@@ -892,6 +894,10 @@ export interface ResponseRequest {
   tool_choice?: "none" | "auto" | "required" | NamedFunctionChoice | null;
   text?: TextConfig | null;
   stream?: boolean | null;
+  /** extra output: only the answer's token log-probabilities (reasoning, search results and the other includables have nothing to show here) */
+  include?: Array<"message.output_text.logprobs"> | null;
+  /** with include message.output_text.logprobs: the likeliest tokens at each position */
+  top_logprobs?: number | null;
 }
 
 export interface ResponseUsage {

@@ -155,7 +155,7 @@ def test_a_conversation_with_a_call_and_its_output_is_answered(openai_client):
 @pytest.mark.parametrize(("extra", "named"), [
     (dict(previous_response_id="resp_1"), "previous_response_id"),
     (dict(store=True), "store"),
-    (dict(include=["message.output_text.logprobs"]), "include"),
+    (dict(top_logprobs=2), "top_logprobs"),   # without include's logprobs
     (dict(reasoning={"effort": "low"}), "reasoning"),
     (dict(text={"verbosity": "low"}), "text.verbosity"),
     (dict(extra_body={"seeed": 1}), "seeed"),
@@ -186,3 +186,19 @@ def test_a_grammar_that_admits_no_token_fails_the_response_with_its_reason(opena
     else:
         response = openai_client.responses.create(**asked)
     assert response.status == "failed" and "admits no next token" in response.error.message
+
+
+def test_output_text_logprobs_collected_and_streamed(openai_client):
+    asked = dict(model="p0", input="tell me a story", temperature=0, max_output_tokens=10,
+                 include=["message.output_text.logprobs"], top_logprobs=2)
+    part = openai_client.responses.create(**asked).output[0].content[0]
+    assert part.logprobs and "".join(e.token for e in part.logprobs) == part.text   # one token per character
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token for e in part.logprobs)   # greedy
+    with openai_client.responses.stream(**asked) as stream:
+        events = list(stream)
+    streamed = [e for event in events if event.type == "response.output_text.delta" for e in event.logprobs]
+    assert [e.token for e in streamed] == [e.token for e in part.logprobs]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in part.logprobs], abs=1e-5)
+    assert events[-1].response.output[0].content[0].logprobs[-1].token == part.logprobs[-1].token
+    plain = openai_client.responses.create(**{**asked, "include": None, "top_logprobs": None})
+    assert not plain.output[0].content[0].logprobs

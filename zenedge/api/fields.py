@@ -93,8 +93,6 @@ OPENAI_RESPONSES: dict[str, Rule] = {
     "prompt": refused("stored prompt templates are not kept: send `instructions` and `input`"),
     "background": only(False, why="a response is answered while the request waits (or streams)"),
     "background_options": refused("a response is answered while the request waits (or streams)"),
-    "include": empty("no extra output (logprobs, reasoning, search results) is produced on /v1/responses"),
-    "top_logprobs": only(0, why="log-probabilities are returned on /v1/chat/completions and /v1/completions"),
     "reasoning": refused("the model does not reason before answering"),
     "max_tool_calls": refused("the number of calls in an answer is not capped"),
     "truncation": only("disabled", why="a conversation longer than the context is refused, not truncated"),

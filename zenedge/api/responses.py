@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Discriminator, Field, Tag, model_validator
 
 from zenedge.api import fields
-from zenedge.api.wire import Honoured, Reply, TokenCount, Tool, ToolFunction
+from zenedge.api.wire import MAX_TOP_LOGPROBS, Honoured, Reply, TokenCount, TokenLogprobs, Tool, ToolFunction
+from zenedge.errors import InvalidInput
 
 CallId = Annotated[str, Field(max_length=128)]
 
@@ -152,6 +153,19 @@ class ResponseRequest(Honoured):
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     text: TextConfig | None = None
     stream: bool | None = False
+    include: list[Literal["message.output_text.logprobs"]] | None = Field(
+        None, description="extra output: only the answer's token log-probabilities (reasoning, search results and "
+                          "the other includables have nothing to show here)")
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description="with include message.output_text.logprobs: the likeliest tokens at each position")
+
+    def logprobs(self) -> int | None:
+        """SamplingParams.logprobs: None (off), or how many alternatives to list."""
+        if "message.output_text.logprobs" not in (self.include or []):
+            if self.top_logprobs:
+                raise InvalidInput('`top_logprobs` needs `include: ["message.output_text.logprobs"]`')
+            return None
+        return self.top_logprobs or 0
 
     @model_validator(mode="after")
     def _something_to_answer(self) -> "ResponseRequest":
@@ -165,6 +179,7 @@ class OutputText(BaseModel):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = []
+    logprobs: list[TokenLogprobs] | None = Field(None, description='with include "message.output_text.logprobs"')
 
 
 class OutputMessage(BaseModel):

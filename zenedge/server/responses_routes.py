@@ -30,6 +30,7 @@ from zenedge.runtime.engine import Prompt
 from zenedge.runtime.grammar import Grammar
 from zenedge.runtime.sampling import SamplingParams
 from zenedge.server import errors, streaming
+from zenedge.server.logprobs import LogprobText
 from zenedge.server.openai_routes import DEFAULT_MAX_TOKENS, ToolPlan, cancel_all, submit
 from zenedge.server.scheduler import Job
 from zenedge.server.state import DaemonState
@@ -95,12 +96,13 @@ def usage(prompt_tokens: int, output_tokens: int) -> wire.ResponseUsage:
                               total_tokens=prompt_tokens + output_tokens)
 
 
-def output_items(text: str, calls: list[calling.Call], status: str) -> list:
+def output_items(text: str, calls: list[calling.Call], status: str, logprobs: list | None = None) -> list:
     """The answer as output items: its text as one message (none when a call has no text before
-    it), then each call."""
+    it; with its tokens' `logprobs` when asked and the answer is text only), then each call."""
     items: list = []
     if text or not calls:
-        items.append(wire.OutputMessage(id=_ident("msg"), status=status, content=[wire.OutputText(text=text)]))
+        part = wire.OutputText(text=text, logprobs=None if calls else logprobs)
+        items.append(wire.OutputMessage(id=_ident("msg"), status=status, content=[part]))
     return items + [function_call(call) for call in calls]
 
 
@@ -114,6 +116,7 @@ def router(state: DaemonState) -> APIRouter:
         plan = tool_plan(body)
         grammar = await run_in_threadpool(lambda: plan.grammar(format_grammar(body.text)))
         params = SamplingParams(grammar=grammar, max_tokens=body.max_output_tokens or DEFAULT_MAX_TOKENS,
+                                logprobs=body.logprobs(),
                                 temperature=1.0 if body.temperature is None else body.temperature,
                                 top_p=1.0 if body.top_p is None else body.top_p)
         prompt = Prompt(messages=wire.chat_messages(body.instructions, body.input), tools=plan.tools)
@@ -121,8 +124,9 @@ def router(state: DaemonState) -> APIRouter:
         tokenizer = state.engine.resident(jobs[0].route.base).tokenizer
         watcher = calling.CallStream(plan.tools, tokenizer) if plan.mode != "none" else None
         shell = Shell(body)
+        logprobs = LogprobText(tokenizer) if params.logprobs is not None else None
         if body.stream:
-            events = _events(jobs[0], shell, prompt_tokens, watcher)
+            events = _events(jobs[0], shell, prompt_tokens, watcher, logprobs)
             return streaming.JobStreamingResponse(events, on_close=cancel_all(jobs), media_type="text/event-stream")
         (outcome,) = await streaming.collect(request, jobs, prompt_tokens)
         text, calls, reason = outcome.text, [], outcome.finish_reason
@@ -130,7 +134,8 @@ def router(state: DaemonState) -> APIRouter:
             text, calls = await run_in_threadpool(calling.parse, outcome.text, plan.tools, tokenizer)
             reason = "tool_calls" if calls else reason
         status = STATUS[reason]
-        return shell.response(status, output_items(text or "", calls, status),
+        entries = None if logprobs is None else await run_in_threadpool(lambda: logprobs.chat(outcome.logprobs).content)
+        return shell.response(status, output_items(text or "", calls, status, entries),
                               usage(prompt_tokens, outcome.completion_tokens), outcome.error)
 
     return api
@@ -150,17 +155,17 @@ class _Framing:
         return streaming.sse(payload, kind)
 
 
-async def _events(job: Job, shell: Shell, prompt_tokens: int, watcher: calling.CallStream | None
-                  ) -> AsyncIterator[bytes]:
+async def _events(job: Job, shell: Shell, prompt_tokens: int, watcher: calling.CallStream | None,
+                  logprobs: LogprobText | None = None) -> AsyncIterator[bytes]:
     """The response's events as its text comes: a message item opened on the first text (text that
     may be a call waits, as on chat), closed at the end; then each call as a function_call item;
-    then the whole response."""
+    then the whole response. With `logprobs`, each text delta carries its tokens'."""
     out = _Framing()
     yield out.event("response.created", response=shell.response("in_progress", []))
     yield out.event("response.in_progress", response=shell.response("in_progress", []))
     items: list = []
     message: wire.OutputMessage | None = None
-    tokens = 0
+    tokens, owed = 0, []   # owed: tokens whose text has not gone out yet
 
     def open_message() -> list[bytes]:
         nonlocal message
@@ -169,19 +174,25 @@ async def _events(job: Job, shell: Shell, prompt_tokens: int, watcher: calling.C
         opened = [out.event("response.output_item.added", output_index=len(items) - 1, item=message),
                   out.event("response.content_part.added", item_id=message.id, output_index=len(items) - 1,
                             content_index=0, part=wire.OutputText(text=""))]
-        message.content.append(wire.OutputText(text=""))
+        message.content.append(wire.OutputText(text="", logprobs=[] if logprobs is not None else None))
         return opened
 
     def say(piece: str) -> list[bytes]:
+        nonlocal owed
         sent = open_message() if message is None else []
-        message.content[0].text += piece
+        part = message.content[0]
+        entries = logprobs.chat(owed).content if logprobs is not None and owed else []
+        part.text, owed = part.text + piece, []
+        if part.logprobs is not None:
+            part.logprobs += entries
         sent.append(out.event("response.output_text.delta", item_id=message.id, output_index=items.index(message),
-                              content_index=0, delta=piece, logprobs=[]))
+                              content_index=0, delta=piece, logprobs=[e.model_dump() for e in entries]))
         return sent
 
     try:
         async for delta in streaming.deltas(job):
             tokens += delta.token_id is not None
+            owed += [delta.logprob] if delta.logprob is not None else []
             piece = watcher.feed(delta.text) if watcher is not None else delta.text
             for event in say(piece) if piece else ():
                 yield event
@@ -201,7 +212,7 @@ async def _events(job: Job, shell: Shell, prompt_tokens: int, watcher: calling.C
                 index, part = items.index(message), message.content[0]
                 message.status = status
                 yield out.event("response.output_text.done", item_id=message.id, output_index=index, content_index=0,
-                                text=part.text, logprobs=[])
+                                text=part.text, logprobs=[e.model_dump() for e in part.logprobs or []])
                 yield out.event("response.content_part.done", item_id=message.id, output_index=index,
                                 content_index=0, part=part)
                 yield out.event("response.output_item.done", output_index=index, item=message)

@@ -846,7 +846,7 @@ class OutputFunctionCall(_OutputFunctionCallRequired, total=False):
 
 class _OutputMessageRequired(TypedDict):
     id: str
-    status: Literal['in_progress', 'completed', 'incomplete']
+    status: Literal['in_progress', 'completed', 'incomplete', 'failed', 'cancelled']
     content: List["OutputText"]
 
 
@@ -862,6 +862,7 @@ class _OutputTextRequired(TypedDict):
 class OutputText(_OutputTextRequired, total=False):
     type: Literal['output_text']
     annotations: List[Any]
+    logprobs: Union[List["TokenLogprobs"], None]
 
 
 class _PinRequestRequired(TypedDict):
@@ -1011,7 +1012,7 @@ class _ResponseRequired(TypedDict):
     id: str
     object: Literal['response']
     created_at: int
-    status: Literal['in_progress', 'completed', 'incomplete', 'failed']
+    status: Literal['in_progress', 'completed', 'incomplete', 'failed', 'cancelled']
     model: str
     output: List[Union["OutputMessage", "OutputFunctionCall"]]
     instructions: Union[str, None]
@@ -1062,6 +1063,8 @@ class ResponseRequest(_ResponseRequestRequired, total=False):
     tool_choice: Union[Literal['none', 'auto', 'required'], "NamedFunctionChoice", None]
     text: Union["TextConfig", None]
     stream: Union[bool, None]
+    include: Union[List[Literal['message.output_text.logprobs']], None]
+    top_logprobs: Union[int, None]
 
 
 class _ResponseUsageRequired(TypedDict):
