@@ -193,6 +193,8 @@ def _scored_logits(model, batch: Batch, prefix: KeysValues | None) -> torch.Tens
         hidden = hidden_states(model, batch.input_ids, batch.attention_mask, prefix if batch.skip else None)
         head = model.get_output_embeddings()
         with torch.autocast(hidden.device.type, enabled=False):  # the head in fp32, whatever the body ran in
+            if not getattr(head, "keeps_plain", True):     # only its quantized copy is resident
+                return head.fast.linear(hidden[:, :-1][mask].float(), head.bias).float()
             return F.linear(hidden[:, :-1][mask].float(), head.weight.float(),
                             None if head.bias is None else head.bias.float())
     if batch.skip:

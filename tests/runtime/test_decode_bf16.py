@@ -25,7 +25,7 @@ def test_auto_dtype_is_fp32_on_cpu_and_bf16_stays_selectable():
 @needs_onednn_bf16
 def test_packed_bf16_model_matches_the_plain_one(tiny_base_dir, monkeypatch):
     packed = load_resident("tiny", tiny_base_dir, CPU, torch.bfloat16)
-    monkeypatch.setattr("zenedge.runtime.model.convert_model", lambda model, fmt: 0)
+    monkeypatch.setattr("zenedge.runtime.model.convert_model", lambda model, fmt, **kwargs: 0)
     plain = load_resident("tiny", tiny_base_dir, CPU, torch.bfloat16)
     fp32 = load_resident("tiny", tiny_base_dir, CPU, torch.float32)
     linears = [m for m in packed.model.modules() if isinstance(m, VariantLinear)]

@@ -29,7 +29,7 @@ import torch
 
 from zenedge.runtime import cpu_weights
 from zenedge.runtime.cache import DeltaCache
-from zenedge.runtime.layers import VariantLinear
+from zenedge.runtime.layers import VariantLinear, plain_weight
 from zenedge.runtime.variants import BitDeltaModule, Variant
 
 
@@ -38,7 +38,8 @@ def dense_nbytes(variant: Variant, model: torch.nn.Module) -> int:
     base's own matmul uses (plain, packed bf16, int8 or int4: `runtime.weights`)."""
     total = 0
     for name in variant.modules:
-        weight, fast = _base_weight(model, name)
+        linear = model.get_submodule(name)
+        fast, weight = getattr(linear, "fast", None), linear.weight
         total += fast.nbytes if fast is not None else weight.numel() * weight.element_size()
     return total
 
@@ -46,7 +47,7 @@ def dense_nbytes(variant: Variant, model: torch.nn.Module) -> int:
 def _base_weight(model: torch.nn.Module, name: str):
     """(plain weight, fast copy or None) of the base linear `name` (a VariantLinear wraps it)."""
     linear = model.get_submodule(name)
-    return getattr(linear, "base", linear).weight, getattr(linear, "fast", None)
+    return plain_weight(linear), getattr(linear, "fast", None)
 
 
 def densify(variant: Variant, model: torch.nn.Module) -> None:

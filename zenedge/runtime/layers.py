@@ -74,6 +74,12 @@ class VariantLinear(nn.Module):
     def weight(self) -> torch.Tensor:  # transformers sometimes peeks at .weight (dtype/device)
         return self.base.weight
 
+    @property
+    def keeps_plain(self) -> bool:
+        """Whether the plain weight is resident too (False once quantized_load dropped it: the
+        fast copy is then the weight, for prefill and scoring as well)."""
+        return self.base.weight.device.type != "meta"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, T, in] during generation: batch rows are requests, each with its own variant.
         batch = self.state.current
@@ -118,7 +124,7 @@ class VariantLinear(nn.Module):
         (native.sign_add_fn: the step's int4 pass is shared by every row, the delta read packed),
         or None: the variant has a dense copy, the forward wants the plain weights, or the kernel
         does not apply (then `_bitdelta`)."""
-        if module.dense is not None or self.state.plain or x.dtype != torch.float32:
+        if module.dense is not None or (self.state.plain and self.keeps_plain) or x.dtype != torch.float32:
             return None
         return self.sign_kernel(module)
 
@@ -180,7 +186,7 @@ class VariantLinear(nn.Module):
         # GEMM beats kernels that dequantise as they go (those win only at a few rows). Always,
         # not by size: a request must give the same tokens alone as in
         # any batch. Decode steps, and forwards that do not ask (`plain=False`), use the copies.
-        if self.fast is None or (self.state.plain and self.fast.lossy):
+        if self.fast is None or (self.state.plain and self.fast.lossy and self.keeps_plain):
             return F.linear(x, self.base.weight, self.base.bias)
         return self.fast.linear(x, self.base.bias)
 
@@ -195,7 +201,7 @@ class VariantLinear(nn.Module):
 
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        weights = (self.base.weight, module.packed, module.alpha, self.base.bias)
+        weights = (plain_weight(self), module.packed, module.alpha, self.base.bias)
         if flat.shape[0] > 1 and flat.device.type == "cpu" and not self.state.plain:
             # a decode step's rows are requests: each through the one-row path (its fp32 matmul)
             out = torch.cat([bitdelta_linear(flat[i:i + 1], *weights) for i in range(flat.shape[0])])
@@ -227,10 +233,22 @@ class FastLinear(nn.Module):
         """The fast copy's own product for a decode step (not plain): see VariantLinear.bound."""
         return self.fast.matmul_fn(self.base.bias)
 
+    @property
+    def keeps_plain(self) -> bool:
+        return self.base.weight.device.type != "meta"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fast.lossy and self.state is not None and self.state.plain:
+        if self.fast.lossy and self.state is not None and self.state.plain and self.keeps_plain:
             return F.linear(x, self.base.weight, self.base.bias)
         return self.fast.linear(x, self.base.bias)
+
+
+def plain_weight(linear) -> torch.Tensor:
+    """The weight a linear (VariantLinear, FastLinear, nn.Linear) multiplies by: its parameter,
+    or, where only its quantized copy is resident, that copy dequantized (fp32, made per call)."""
+    if getattr(linear, "keeps_plain", True):
+        return linear.weight
+    return linear.fast.dequantized().to(linear.weight.dtype)
 
 
 _KERNEL = "_zenedge_lora_kernel"

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from zenedge.runtime.layers import VariantState
+from zenedge.runtime.quantized_load import QUANTIZED, load_quantized
 from zenedge.runtime.transforms import convert_model, patch_model
 from zenedge.runtime.static_cache import KVCachePool
 
@@ -56,12 +57,17 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
     check_memory(name, directory, dtype, weights if device.type == "cpu" else "full")
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    model = load_causal_lm(directory, dtype=dtype, use_safetensors=True)
-    model.to(device).eval()
-    model.requires_grad_(False)
-    state = patch_model(model, device)
+    quantized = device.type == "cpu" and weights in QUANTIZED
+    loaded = load_quantized(directory, dtype, weights) if quantized else None
+    if loaded is not None:        # the decoder's linears as int4/int8 only, read tensor by tensor
+        model, state = loaded
+    else:
+        model = load_causal_lm(directory, dtype=dtype, use_safetensors=True)
+        model.to(device).eval()
+        model.requires_grad_(False)
+        state = patch_model(model, device)
     if device.type == "cpu":
-        convert_model(model, weights)
+        convert_model(model, weights, drop_plain=weights in QUANTIZED)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos = model.generation_config.eos_token_id

@@ -36,14 +36,22 @@ def patch_model(model: nn.Module, device: torch.device, targets: Sequence[str] =
     return state
 
 
-def convert_model(model: nn.Module, fmt: str) -> None:
-    """Give every VariantLinear a fast copy of its base weight in `fmt` and wrap the other
-    linears (the output head) in FastLinear: bf16 when `fmt` is int8, Q8_0 (or bf16) when int4."""
+def convert_model(model: nn.Module, fmt: str, *, drop_plain: bool = False) -> None:
+    """Give every VariantLinear a fast copy of its base weight in `fmt` (unless it has one: a
+    quantized load made it) and wrap the other linears (the output head) in FastLinear: bf16
+    when `fmt` is int8, Q8_0 (or bf16) when int4. `drop_plain`: the
+    linears keep no plain weight beside a lossy copy (the head neither, unless it is tied to the
+    embedding, which the model reads anyway): the copy is the weight (layers.plain_weight)."""
     state = next((m.state for m in model.modules() if isinstance(m, VariantLinear)), None)
     copies = {}
+    tied = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     for name, module in list(model.named_modules()):
         if isinstance(module, VariantLinear):
-            module.fast = copies[name] = cpu_weights.fast_copy(module.base.weight, fmt)
+            if module.fast is None and module.keeps_plain:
+                module.fast = cpu_weights.fast_copy(module.base.weight, fmt)
+                if drop_plain and module.fast is not None and module.fast.lossy:
+                    module.base.weight = _on_meta(module.base.weight)
+            copies[name] = module.fast
         elif type(module) is nn.Linear:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
@@ -52,7 +60,14 @@ def convert_model(model: nn.Module, fmt: str) -> None:
             fast = copies[name] = cpu_weights.fast_copy(module.weight, _HEAD_FORMATS.get(fmt, fmt))
             if fast is not None:
                 setattr(parent, child, FastLinear(module, fast, state))
+                if drop_plain and fast.lossy and id(module.weight) not in tied:
+                    module.weight = _on_meta(module.weight)
     cpu_weights.settle({name: copy for name, copy in copies.items() if copy is not None})
     if state is not None:   # every product of a decode step in the C kernels: steps need one thread
         natives = (cpu_weights.NativeInt4Weight, cpu_weights.NativeInt8Weight)
         state.native_steps = bool(copies) and all(isinstance(copy, natives) for copy in copies.values())
+
+
+def _on_meta(weight: torch.Tensor) -> nn.Parameter:
+    """The parameter's shape and dtype without its bytes (what transformers peeks at)."""
+    return nn.Parameter(weight.to("meta"), requires_grad=False)
