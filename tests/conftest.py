@@ -31,7 +31,7 @@ def tiny_base_dir(tmp_path_factory) -> Path:
     return make_tiny_base(tmp_path_factory.mktemp("tiny-base"))
 
 
-def make_tiny_base(path: Path, positions: int = 128) -> Path:
+def make_tiny_base(path: Path, positions: int = 128, tied: bool = True) -> Path:
     """Write the tiny random llama into `path` (also used outside pytest, by tests/faults.py)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -39,7 +39,7 @@ def make_tiny_base(path: Path, positions: int = 128) -> Path:
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=256, max_position_embeddings=positions,
-                         tie_word_embeddings=True)
+                         tie_word_embeddings=tied)
     config.bos_token_id, config.eos_token_id, config.pad_token_id = 1, 2, 0
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = 2

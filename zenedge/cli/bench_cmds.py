@@ -218,6 +218,20 @@ def load(background_load: int, rounds: int, out: Path | None, json_out: bool) ->
     _report(under_load.run(load=background_load, rounds=rounds, log=_progress), out, json_out, under_load.table)
 
 
+@bench.command("resident")
+@click.option("--base-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="A Hugging Face directory (e.g. one tools/real_size_base.py built).")
+@click.option("--reference", is_flag=True, help="Also load it as fp32 weights (transformers' own load), for comparison.")
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the result as JSON here.")
+@json_option
+def resident(base_dir: Path, reference: bool, out: Path | None, json_out: bool) -> None:
+    """A base's memory and load time, each load in a fresh process: quantizing from the source,
+    then from its resident file (and fp32 with --reference); decode and prefill after each."""
+    from zenedge.bench import resident as measured
+
+    _report(measured.run(base_dir, reference=reference, log=_progress), out, json_out, measured.table)
+
+
 @bench.command("serve")
 @click.option("--clients", default="1,4,8,16", show_default=True, callback=_int_list,
               help="Concurrent clients, each on its own profile (1 must be among them for the ratios).")

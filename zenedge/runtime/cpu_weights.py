@@ -233,7 +233,17 @@ class NativeInt4Weight(CpuWeight):
         _over_rows(product, x.shape[0])
         return y if flat.dtype == torch.float32 else y.to(flat.dtype)
 
-    TENSORS = ("codes", "scale", "zero")      # what `settle` moves
+    TENSORS = ("codes", "scale", "zero")      # what `settle` moves and a resident file holds
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], rows: int, inputs: int) -> "NativeInt4Weight":
+        """The copy whose TENSORS are `tensors` (as a resident file holds them: resident_file.py)."""
+        copy = cls.__new__(cls)
+        copy.codes, copy.scale, copy.zero = (tensors[name] for name in cls.TENSORS)
+        copy._set_size()
+        if (copy.rows, copy.inputs) != (rows, inputs):
+            raise ValueError(f"int4 tensors of a {copy.rows}x{copy.inputs} weight, not {rows}x{inputs}")
+        return copy
 
     @classmethod
     def stacked(cls, parts: list["NativeInt4Weight"]) -> "NativeInt4Weight | None":
@@ -292,6 +302,18 @@ class NativeInt8Weight(CpuWeight):
         self._kernel = native.int8_gemm()
 
     TENSORS = ("codes", "scale")
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], rows: int, inputs: int) -> "NativeInt8Weight":
+        """The copy whose TENSORS are `tensors` (as a resident file holds them: resident_file.py)."""
+        copy = cls.__new__(cls)
+        copy.codes, copy.scale = (tensors[name] for name in cls.TENSORS)
+        if copy.codes.shape[1] != inputs or -(-rows // native.BLOCK_ROWS) != copy.codes.shape[0]:
+            raise ValueError(f"int8 tensors of shape {tuple(copy.codes.shape)} do not hold a {rows}x{inputs} weight")
+        copy.rows, copy.inputs = rows, inputs
+        copy.nbytes = copy.codes.numel() + copy.scale.numel() * 2
+        copy._kernel = native.int8_gemm()
+        return copy
 
     def _moved(self):
         pass                             # its pointers are read per call

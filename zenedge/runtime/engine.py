@@ -19,6 +19,7 @@ from zenedge.runtime.dense_bitdelta import DenseBitDeltas
 from zenedge.runtime.device import pick_device, pick_dtype, pick_weights
 from zenedge.runtime.generate import Delta, GenerationRequest, SamplingParams, check_fits, generate
 from zenedge.runtime.model import ResidentModel, load_resident
+from zenedge.runtime.resident_file import ResidentCache
 from zenedge.runtime.prompts import PLAIN_STOP, chat_ids, check_messages, encode_chat, encode_text, has_chat_template
 from zenedge.runtime.router import Route, Router
 from zenedge.runtime.variants import Variant, load_bitdelta, load_lora
@@ -90,7 +91,9 @@ class Engine:
                 row = bases.ensure_base(self.store, base, progress=self.progress)
                 bases.verify_weights(self.store, row)
                 directory = self.store.home / row["dir"]
-                self._residents[base] = load_resident(row["name"], directory, self.device, self.dtype, self.weights)
+                cache = ResidentCache(directory / "resident", row.get("weights_sha256") or row["sha256"])
+                self._residents[base] = load_resident(row["name"], directory, self.device, self.dtype, self.weights,
+                                                      cache)
             return self._residents[base]
 
     def variant(self, route: Route) -> Variant | None:

@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 
 from zenedge.runtime.layers import VariantState
+from zenedge.runtime import resident_file
 from zenedge.runtime.quantized_load import QUANTIZED, load_quantized
+from zenedge.runtime.resident_file import ResidentCache
 from zenedge.runtime.transforms import convert_model, patch_model
 from zenedge.runtime.static_cache import KVCachePool
 
@@ -45,10 +47,11 @@ class ResidentModel:
 
 
 def load_resident(name: str, directory: Path, device: torch.device, dtype: torch.dtype,
-                  weights: str = "full") -> ResidentModel:
+                  weights: str = "full", cache: ResidentCache | None = None) -> ResidentModel:
     """Load a Hugging Face directory (config.json + safetensors) as the resident base. On CPU its
     linears get fast matmul copies in the `weights` format (cpu_weights.py: packed bf16 when the
-    dtype is bf16, int8 / int4 when asked)."""
+    dtype is bf16, int8 / int4 when asked). int8 / int4: `cache` is where the base's resident
+    file is read from, or written after quantizing (resident_file.py)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -58,16 +61,18 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(directory)
     quantized = device.type == "cpu" and weights in QUANTIZED
-    loaded = load_quantized(directory, dtype, weights) if quantized else None
-    if loaded is not None:        # the decoder's linears as int4/int8 only, read tensor by tensor
-        model, state = loaded
+    loaded = load_quantized(directory, dtype, weights, cache) if quantized else None
+    if loaded is not None:        # the decoder's linears as int4/int8 only
+        model, state = loaded.model, loaded.state
     else:
         model = load_causal_lm(directory, dtype=dtype, use_safetensors=True)
         model.to(device).eval()
         model.requires_grad_(False)
         state = patch_model(model, device)
     if device.type == "cpu":
-        convert_model(model, weights, drop_plain=weights in QUANTIZED)
+        convert_model(model, weights, drop_plain=weights in QUANTIZED, copies=loaded.copies if loaded else None)
+        if loaded is not None and not loaded.copies and cache is not None:
+            resident_file.save(model, cache, weights, dtype)      # the next load reads, not quantizes
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos = model.generation_config.eos_token_id

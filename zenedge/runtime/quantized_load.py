@@ -17,13 +17,15 @@ architecture transformers renames keys for) returns None: the caller loads it th
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from zenedge.runtime import cpu_weights
+from zenedge.runtime import cpu_weights, resident_file
 from zenedge.runtime.layers import VariantLinear, VariantState
+from zenedge.runtime.resident_file import ResidentCache
 from zenedge.runtime.transforms import patch_model
 
 # Formats whose copy replaces the plain weight (a lossy copy: the resident keeps no other).
@@ -48,12 +50,20 @@ def _parameters_on_meta():
         nn.Module.register_parameter = register
 
 
-def load_quantized(directory: Path, dtype: torch.dtype, fmt: str,
-                   progress=None) -> tuple[nn.Module, VariantState] | None:
+@dataclass
+class QuantizedBase:
+    model: nn.Module
+    state: VariantState
+    copies: dict          # {module name: copy} read from a resident file (the head's too); {} if quantized now
+
+
+def load_quantized(directory: Path, dtype: torch.dtype, fmt: str, cache: ResidentCache | None = None,
+                   progress=None) -> QuantizedBase | None:
     """The base in `directory` with its decoder linears in `fmt` ("int4" / "int8") and no plain
-    copy of them, patched for variants (transforms.patch_model); None where the checkpoint does
-    not map onto the model tensor by tensor. `progress(done, total)` after each tensor."""
-    from safetensors import safe_open
+    copy of them, patched for variants (transforms.patch_model): read from its resident file
+    where `cache` holds a valid one, else quantized from the checkpoint tensor by tensor. None
+    where the checkpoint does not map onto the model one to one. `progress(done, total)` after
+    each source tensor."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     config = AutoConfig.from_pretrained(directory)
@@ -61,14 +71,37 @@ def load_quantized(directory: Path, dtype: torch.dtype, fmt: str,
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval().requires_grad_(False)
     state = patch_model(model, torch.device("cpu"))
+    copies = resident_file.load(model, cache, fmt, dtype) if cache is not None else None
+    if copies is None:
+        copies = {}
+        if not _quantize_from(Path(directory), model, dtype, fmt, progress):
+            return None
+    if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False):
+        model.tie_weights()
+    quantized = {id(v.base.weight) for v in model.modules() if isinstance(v, VariantLinear) and v.fast is not None}
+    quantized |= {id(model.get_submodule(name).weight) for name in copies}
+    if any(p.device.type == "meta" and id(p) not in quantized for p in model.parameters()):
+        return None                                        # a tensor the checkpoint does not hold
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(directory)
+    except OSError:                                        # no generation_config.json: the model's defaults
+        pass
+    return QuantizedBase(model, state, copies)
+
+
+def _quantize_from(directory: Path, model: nn.Module, dtype: torch.dtype, fmt: str, progress) -> bool:
+    """Fill the meta model from the checkpoint's tensors, one at a time; False where a key names
+    no parameter of the model (the model is then of no use)."""
+    from safetensors import safe_open
+
     owners = _owners(model)
-    files = sorted(Path(directory).glob("*.safetensors"))
-    keys = {}
+    files = sorted(directory.glob("*.safetensors"))
+    keys = []
     for path in files:
         with safe_open(path, framework="pt") as f:
-            keys.update((key, path) for key in f.keys())
+            keys += f.keys()
     if not files or any(key not in owners for key in keys):
-        return None
+        return False
     done = 0
     for path in files:
         with safe_open(path, framework="pt") as f:
@@ -78,16 +111,7 @@ def load_quantized(directory: Path, dtype: torch.dtype, fmt: str,
                 done += 1
                 if progress is not None:
                     progress(done, len(keys))
-    if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False):
-        model.tie_weights()
-    quantized = {id(v.base.weight) for v in model.modules() if isinstance(v, VariantLinear) and v.fast is not None}
-    if any(p.device.type == "meta" and id(p) not in quantized for p in model.parameters()):
-        return None                                        # a tensor the checkpoint does not hold
-    try:
-        model.generation_config = GenerationConfig.from_pretrained(directory)
-    except OSError:                                        # no generation_config.json: the model's defaults
-        pass
-    return model, state
+    return True
 
 
 def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, str, VariantLinear | None]]:

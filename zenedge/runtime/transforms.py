@@ -36,14 +36,15 @@ def patch_model(model: nn.Module, device: torch.device, targets: Sequence[str] =
     return state
 
 
-def convert_model(model: nn.Module, fmt: str, *, drop_plain: bool = False) -> None:
+def convert_model(model: nn.Module, fmt: str, *, drop_plain: bool = False, copies: dict | None = None) -> None:
     """Give every VariantLinear a fast copy of its base weight in `fmt` (unless it has one: a
     quantized load made it) and wrap the other linears (the output head) in FastLinear: bf16
     when `fmt` is int8, Q8_0 (or bf16) when int4. `drop_plain`: the
     linears keep no plain weight beside a lossy copy (the head neither, unless it is tied to the
-    embedding, which the model reads anyway): the copy is the weight (layers.plain_weight)."""
+    embedding, which the model reads anyway): the copy is the weight (layers.plain_weight).
+    `copies`: {name: copy} made already (a resident file's), used instead of new ones."""
     state = next((m.state for m in model.modules() if isinstance(m, VariantLinear)), None)
-    copies = {}
+    made, copies = copies or {}, {}
     tied = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     for name, module in list(model.named_modules()):
         if isinstance(module, VariantLinear):
@@ -57,7 +58,7 @@ def convert_model(model: nn.Module, fmt: str, *, drop_plain: bool = False) -> No
             parent = model.get_submodule(parent_name) if parent_name else model
             if isinstance(parent, VariantLinear):            # a VariantLinear's own base: done above
                 continue
-            fast = copies[name] = cpu_weights.fast_copy(module.weight, _HEAD_FORMATS.get(fmt, fmt))
+            fast = copies[name] = made.get(name) or cpu_weights.fast_copy(module.weight, _HEAD_FORMATS.get(fmt, fmt))
             if fast is not None:
                 setattr(parent, child, FastLinear(module, fast, state))
                 if drop_plain and fast.lossy and id(module.weight) not in tied:
