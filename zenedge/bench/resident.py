@@ -95,6 +95,7 @@ def _measure(base_dir: Path, cache: Path, weights: str) -> dict[str, Any]:
     _, decode, count = timed(ids[:16], DECODE_TOKENS)
     return {"weights": weights, "load_s": round(loaded, 2), "first_token_s": round(loaded + first_token, 2),
             "prefill_tok_s": round(PREFILL_TOKENS / prefill, 1), "decode_tok_s": round((count - 1) / decode, 2),
+            "decode_tokens": count,
             "rss_before_gib": round(before / GIB, 3), "rss_loaded_gib": round(after_load / GIB, 3),
             "rss_after_run_gib": round(_rss() / GIB, 3),
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, 3)}

@@ -111,7 +111,9 @@ def load(model: nn.Module, cache: ResidentCache, fmt: str, dtype: torch.dtype) -
                           {field: f.get_tensor(f"{name}.fast.{field}") for field in _COPIES[info["class"]].TENSORS},
                           info["rows"], info["inputs"])
                       for name, info in layout.items()}
-            plain = {key: f.get_tensor(key) for key in keys - copy_keys}
+            # copied out of the file's mapping: a view would keep the whole mapping resident (the
+            # copies leave it when convert_model settles them into their block of huge pages)
+            plain = {key: f.get_tensor(key).clone() for key in keys - copy_keys}
     except (OSError, SafetensorError, ValueError, KeyError, TypeError):
         return None                 # unreadable, truncated or foreign: quantize from the source instead
     for key, tensor in plain.items():
