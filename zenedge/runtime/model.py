@@ -3,6 +3,7 @@ its target linears can carry per-row variants."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,18 +98,35 @@ def release_freed_memory() -> None:
 # Bytes per parameter of the fast CPU copy each `runtime.weights` format adds beside the model's
 # own weights (cpu_weights.py; int4 and int8 with their scales). "full" adds a packed copy in bf16.
 FAST_COPY_BYTES = {"full": 0.0, "int8": 1.1, "int4": 0.6, "q8": 1.1}
+# A quantized resident (quantized_load.py) holds its decoder linears in these bytes per weight
+# instead (int4: 4 bits, a bf16 scale and zero per 32; int8: 8 bits, a scale per row), its head in
+# the head's format (Q8_0 for int4, bf16 for int8), and its other tensors in the model's dtype.
+QUANTIZED_BYTES = {"int4": 0.625, "int8": 1.0}
+QUANTIZED_HEAD_BYTES = {"int4": 1.0625, "int8": 2.0}
 LOAD_HEADROOM = 1.15   # allocator slack, the KV cache pool and the tokenizer, on top of the weights
 
 
 def resident_bytes(directory: Path, dtype: torch.dtype, weights: str) -> tuple[int, int]:
-    """(parameters, bytes) of the base in `directory` once resident: read from its safetensors
-    headers, before any weight is loaded."""
+    """(parameters, bytes) of the base in `directory` once resident, at the peak of its load:
+    read from its config and safetensors headers, before any weight is loaded."""
+    import json
+
     from zenedge.adapters.safetensors_file import read_header
 
-    params = sum(t.numel for path in sorted(Path(directory).glob("*.safetensors"))
-                 for t in read_header(path).tensors.values())
-    copy = 2.0 if weights == "full" and dtype == torch.bfloat16 else FAST_COPY_BYTES.get(weights, 2.0)
-    return params, int(params * (dtype.itemsize + copy) * LOAD_HEADROOM)
+    shapes = [t.shape for path in sorted(Path(directory).glob("*.safetensors"))
+              for t in read_header(path).tensors.values()]
+    params = sum(math.prod(shape) for shape in shapes)
+    if weights not in QUANTIZED:
+        copy = 2.0 if weights == "full" and dtype == torch.bfloat16 else FAST_COPY_BYTES.get(weights, 2.0)
+        return params, int(params * (dtype.itemsize + copy) * LOAD_HEADROOM)
+    config = json.loads((Path(directory) / "config.json").read_text())
+    vocab = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    tables = [math.prod(s) for s in shapes if len(s) == 2 and vocab in s]       # embedding, untied head
+    linears = sum(math.prod(s) for s in shapes if len(s) == 2) - sum(tables)
+    head = QUANTIZED_HEAD_BYTES[weights] * (max(tables) if tables else 0)
+    kept = (params - linears - (sum(tables) - max(tables) if len(tables) > 1 else 0)) * dtype.itemsize
+    widest = max((math.prod(s) for s in shapes), default=0) * 4 * 2    # one tensor widened while quantized
+    return params, int((linears * QUANTIZED_BYTES[weights] + head + kept + widest) * LOAD_HEADROOM)
 
 
 def check_memory(name: str, directory: Path, dtype: torch.dtype, weights: str) -> None:
