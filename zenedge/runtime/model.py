@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from zenedge.runtime.layers import VariantState
-from zenedge.runtime import resident_file
+from zenedge.runtime import cpu_weights, resident_file
 from zenedge.runtime.quantized_load import QUANTIZED, load_quantized
 from zenedge.runtime.resident_file import ResidentCache
 from zenedge.runtime.transforms import convert_model, patch_model
@@ -74,25 +74,12 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
         convert_model(model, weights, drop_plain=weights in QUANTIZED, copies=loaded.copies if loaded else None)
         if loaded is not None and not loaded.copies and cache is not None:
             resident_file.save(model, cache, weights, dtype)      # the next load reads, not quantizes
-    release_freed_memory()
+    cpu_weights.release_freed_memory()       # what quantizing freed (glibc keeps it otherwise)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     eos = model.generation_config.eos_token_id
     eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
     return ResidentModel(name, model, tokenizer, state, device, dtype, time.perf_counter() - start, eos_ids, weights)
-
-
-def release_freed_memory() -> None:
-    """Hand the memory a load freed back to the OS. Quantizing frees a widened copy of every
-    weight; glibc keeps much of it in its heaps for reuse, which the resident then carries in its
-    RSS for good (measured at 1.7B: about 1 GiB). Elsewhere than glibc, nothing to do."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 # Bytes per parameter of the fast CPU copy each `runtime.weights` format adds beside the model's

@@ -108,6 +108,7 @@ def _quantize_from(directory: Path, model: nn.Module, dtype: torch.dtype, fmt: s
             for key in f.keys():
                 module, attr, variant = owners[key]
                 _place(module, attr, variant, f.get_tensor(key).to(dtype), fmt)
+                cpu_weights.release_freed_memory()      # the widened weight's pages
                 done += 1
                 if progress is not None:
                     progress(done, len(keys))

@@ -21,6 +21,7 @@ business), no file is written and every load quantizes.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,32 +90,28 @@ def load(model: nn.Module, cache: ResidentCache, fmt: str, dtype: torch.dtype) -
     its parameters set, each VariantLinear's copy attached. Returns {module name: copy} for every
     copy in the file (the head's too, which convert_model wraps), or None where there is no valid
     file for this key; the model is then untouched."""
-    from safetensors import SafetensorError, safe_open
-
     path = cache.path(fmt)
     if not path.is_file():
         return None
     try:
-        with safe_open(path, framework="pt") as f:
-            metadata = f.metadata() or {}
+        with open(path, "rb") as f:
+            metadata, entries = _header(f, path.stat().st_size)
             if any(metadata.get(k) != v for k, v in cache.key(fmt, dtype).items()):
                 return None
             layout = json.loads(metadata["copies"])
             modules = dict(model.named_modules())
-            params = {name for name, p in model.named_parameters()}
-            keys = set(f.keys())
+            params = {name for name, _ in model.named_parameters()}
+            keys = set(entries)
             copy_keys = {f"{name}.fast.{field}" for name, info in layout.items()
                          for field in _COPIES[info["class"]].TENSORS}
             if not copy_keys <= keys or not set(layout) <= set(modules) or not keys - copy_keys <= params:
                 return None
             copies = {name: _COPIES[info["class"]].from_tensors(
-                          {field: f.get_tensor(f"{name}.fast.{field}") for field in _COPIES[info["class"]].TENSORS},
+                          {field: _tensor(f, entries[f"{name}.fast.{field}"]) for field in _COPIES[info["class"]].TENSORS},
                           info["rows"], info["inputs"])
                       for name, info in layout.items()}
-            # copied out of the file's mapping: a view would keep the whole mapping resident (the
-            # copies leave it when convert_model settles them into their block of huge pages)
-            plain = {key: f.get_tensor(key).clone() for key in keys - copy_keys}
-    except (OSError, SafetensorError, ValueError, KeyError, TypeError):
+            plain = {key: _tensor(f, entries[key]) for key in keys - copy_keys}
+    except (OSError, ValueError, KeyError, TypeError):
         return None                 # unreadable, truncated or foreign: quantize from the source instead
     for key, tensor in plain.items():
         owner, _, attr = key.rpartition(".")
@@ -123,6 +120,36 @@ def load(model: nn.Module, cache: ResidentCache, fmt: str, dtype: torch.dtype) -
         if isinstance(modules[name], VariantLinear):
             modules[name].fast = copy
     return copies
+
+
+def _header(f, size: int) -> tuple[dict[str, str], dict[str, tuple[torch.dtype, list[int], int, int]]]:
+    """The file's metadata and {name: (dtype, shape, start, end)} with absolute offsets, checked
+    against the file's size (a torn file fails here, not in a read)."""
+    length = int.from_bytes(f.read(8), "little")
+    if not 0 < length <= size - 8:
+        raise ValueError("no safetensors header")
+    header = json.loads(f.read(length))
+    metadata = header.pop("__metadata__", {})
+    dtypes = {v: k for k, v in _DTYPES.items()}
+    entries = {}
+    for name, info in header.items():
+        dtype, shape, (begin, end) = dtypes[info["dtype"]], info["shape"], info["data_offsets"]
+        if end - begin != math.prod(shape) * dtype.itemsize or 8 + length + end > size:
+            raise ValueError(f"{name}: its bytes are not in the file")
+        entries[name] = (dtype, shape, 8 + length + begin, 8 + length + end)
+    return metadata, entries
+
+
+def _tensor(f, entry) -> torch.Tensor:
+    """One tensor read into fresh memory. A read, not a mapping: mapped file pages count in the
+    process's RSS for as long as any tensor views them, and the copies are moved into huge pages
+    right after (convert_model), so a mapping would only double the load's peak (8B: 10 GiB)."""
+    dtype, shape, begin, end = entry
+    t = torch.empty(shape, dtype=dtype)
+    f.seek(begin)
+    if f.readinto(memoryview(t.view(-1).view(torch.uint8).numpy())) != end - begin:
+        raise ValueError("the file ended early")
+    return t
 
 
 def _write(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
