@@ -34,8 +34,8 @@ from zenedge.runtime.layers import FastLinear, VariantLinear
 
 LAYOUT = "zenedge-resident/1"
 _COPIES = {cls.__name__: cls for cls in (cpu_weights.NativeInt4Weight, cpu_weights.NativeInt8Weight)}
-_DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.int32: "I32", torch.int64: "I64", torch.float16: "F16",
-           torch.bfloat16: "BF16", torch.float32: "F32", torch.bool: "BOOL"}
+_DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
+           torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64", torch.bool: "BOOL"}
 _ALIGN = 64
 
 
@@ -95,7 +95,7 @@ def load(model: nn.Module, cache: ResidentCache, fmt: str, dtype: torch.dtype) -
         return None
     try:
         with open(path, "rb") as f:
-            metadata, entries = _header(f, path.stat().st_size)
+            metadata, entries = tensor_table(f, path.stat().st_size)
             if any(metadata.get(k) != v for k, v in cache.key(fmt, dtype).items()):
                 return None
             layout = json.loads(metadata["copies"])
@@ -107,10 +107,10 @@ def load(model: nn.Module, cache: ResidentCache, fmt: str, dtype: torch.dtype) -
             if not copy_keys <= keys or not set(layout) <= set(modules) or not keys - copy_keys <= params:
                 return None
             copies = {name: _COPIES[info["class"]].from_tensors(
-                          {field: _tensor(f, entries[f"{name}.fast.{field}"]) for field in _COPIES[info["class"]].TENSORS},
+                          {field: read_tensor(f, entries[f"{name}.fast.{field}"]) for field in _COPIES[info["class"]].TENSORS},
                           info["rows"], info["inputs"])
                       for name, info in layout.items()}
-            plain = {key: _tensor(f, entries[key]) for key in keys - copy_keys}
+            plain = {key: read_tensor(f, entries[key]) for key in keys - copy_keys}
     except (OSError, ValueError, KeyError, TypeError):
         return None                 # unreadable, truncated or foreign: quantize from the source instead
     for key, tensor in plain.items():
@@ -122,7 +122,7 @@ def load(model: nn.Module, cache: ResidentCache, fmt: str, dtype: torch.dtype) -
     return copies
 
 
-def _header(f, size: int) -> tuple[dict[str, str], dict[str, tuple[torch.dtype, list[int], int, int]]]:
+def tensor_table(f, size: int) -> tuple[dict[str, str], dict[str, tuple[torch.dtype, list[int], int, int]]]:
     """The file's metadata and {name: (dtype, shape, start, end)} with absolute offsets, checked
     against the file's size (a torn file fails here, not in a read)."""
     length = int.from_bytes(f.read(8), "little")
@@ -140,7 +140,7 @@ def _header(f, size: int) -> tuple[dict[str, str], dict[str, tuple[torch.dtype, 
     return metadata, entries
 
 
-def _tensor(f, entry) -> torch.Tensor:
+def read_tensor(f, entry) -> torch.Tensor:
     """One tensor read into fresh memory. A read, not a mapping: mapped file pages count in the
     process's RSS for as long as any tensor views them, and the copies are moved into huge pages
     right after (convert_model), so a mapping would only double the load's peak (8B: 10 GiB)."""
