@@ -23,8 +23,10 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
 torch's quantized kernels want bf16 activations (their fp32 paths are far slower), so `linear`
 casts x to bf16 and the result back: two tiny copies per matmul, whatever the model's dtype (the
 C kernels round x themselves: to int16 for int4 W, not at all for the Q8_0 head).
-The plain weight stays the model's parameter (state_dict, BitDelta reconstruction and export
-read it; prefill and the quality gate multiply with it); the fast copy is extra memory.
+For "full" and bf16 the plain weight stays the model's parameter beside its packed copy. For int4
+and int8 the copy is the weight: a resident loads straight into it (quantized_load.py, or its
+resident file: resident_file.py) and keeps no plain linear; prefill and the quality gate multiply
+with the copy too, and `dequantized()` gives its numbers where a weight is asked for.
 
 `runtime.weights` picks the format: "full" (the model dtype's own weights, packed when bf16),
 "int8" or "int4"; CPU only. A weight whose shape a kernel cannot take stays plain.
