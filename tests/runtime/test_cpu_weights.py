@@ -287,3 +287,30 @@ def test_asking_for_plain_weights_reads_the_int4_weights_and_the_exact_tied_head
     # (the int4 kernel rounds x to int16 per group of 32: close to, not bit for bit, fp32)
     assert torch.allclose(plain, dequantized, atol=2e-3, rtol=0)
     assert not torch.equal(quantized, plain)                 # the Q8_0 head outside `plain`
+
+
+@needs["native"]
+def test_an_untied_head_is_quantized_as_it_is_read_to_the_same_copy(tmp_path):
+    """The quantizing load makes an untied head's Q8_0 copy from the checkpoint's tensor as it
+    reads it (never a widened parameter): the same codes and scales as from the fp32 weight."""
+    from tests.conftest import make_tiny_base
+
+    base = make_tiny_base(tmp_path / "untied", tied=False)
+    int4 = load_resident("tiny", base, CPU, torch.float32, weights="int4")
+    full = load_resident("tiny", base, CPU, torch.float32)
+    head = int4.model.lm_head
+    assert not head.keeps_plain and head.weight.device.type == "meta"
+    reference = cpu_weights.fast_copy(full.model.lm_head.weight, "q8")
+    assert torch.equal(head.fast.codes, reference.codes) and torch.equal(head.fast.scale, reference.scale)
+
+
+@needs["native"]
+def test_the_q8_copy_is_the_same_made_in_row_chunks(monkeypatch):
+    weight = torch.randn(100, 64) * torch.rand(100, 1) * 3
+    weight[7, :32] = 0                                   # an all-zero group
+    whole = cpu_weights.NativeInt8Weight(weight)
+    monkeypatch.setattr(cpu_weights.NativeInt8Weight, "CHUNK_ROWS", 16)
+    chunked = cpu_weights.NativeInt8Weight(weight.to(torch.bfloat16).float())
+    again = cpu_weights.NativeInt8Weight(weight)
+    assert torch.equal(whole.codes, again.codes) and torch.equal(whole.scale, again.scale)
+    assert torch.equal(chunked.dequantized(), cpu_weights.NativeInt8Weight(weight.to(torch.bfloat16)).dequantized())

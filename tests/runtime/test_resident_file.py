@@ -21,7 +21,7 @@ def _logits(resident, ids):
 
 
 def _no_quantizing(monkeypatch):
-    def refuse(*args):
+    def refuse(*args, **kwargs):
         raise AssertionError("quantized the source although a valid resident file was there")
     monkeypatch.setattr(quantized_load, "_quantize_from", refuse)
 
@@ -48,7 +48,7 @@ def test_a_resident_file_of_another_source_dtype_or_format_is_rebuilt(tmp_path, 
     load_resident("tiny", base, CPU, torch.float32, "int4", old)
     calls = []
     original = quantized_load._quantize_from
-    monkeypatch.setattr(quantized_load, "_quantize_from", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(quantized_load, "_quantize_from", lambda *a, **k: calls.append(1) or original(*a, **k))
     new = ResidentCache(base / "resident", source="digest-2")        # the source changed
     load_resident("tiny", base, CPU, torch.float32, "int4", new)
     assert calls == [1]

@@ -72,7 +72,7 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
         state = patch_model(model, device)
     if device.type == "cpu":
         convert_model(model, weights, drop_plain=weights in QUANTIZED, copies=loaded.copies if loaded else None)
-        if loaded is not None and not loaded.copies and cache is not None:
+        if loaded is not None and not loaded.from_file and cache is not None:
             resident_file.save(model, cache, weights, dtype)      # the next load reads, not quantizes
     cpu_weights.release_freed_memory()       # what quantizing freed (glibc keeps it otherwise)
     if tokenizer.pad_token_id is None:

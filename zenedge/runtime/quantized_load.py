@@ -26,7 +26,7 @@ from torch import nn
 from zenedge.runtime import cpu_weights, resident_file
 from zenedge.runtime.layers import VariantLinear, VariantState
 from zenedge.runtime.resident_file import ResidentCache
-from zenedge.runtime.transforms import patch_model
+from zenedge.runtime.transforms import HEAD_FORMATS, patch_model
 
 # Formats whose copy replaces the plain weight (a lossy copy: the resident keeps no other).
 QUANTIZED = ("int4", "int8")
@@ -54,7 +54,8 @@ def _parameters_on_meta():
 class QuantizedBase:
     model: nn.Module
     state: VariantState
-    copies: dict          # {module name: copy} read from a resident file (the head's too); {} if quantized now
+    copies: dict          # {module name: copy} made for modules outside the VariantLinears (the head), or read
+    from_file: bool       # whether it came from its resident file (else it was quantized now)
 
 
 def load_quantized(directory: Path, dtype: torch.dtype, fmt: str, cache: ResidentCache | None = None,
@@ -72,9 +73,11 @@ def load_quantized(directory: Path, dtype: torch.dtype, fmt: str, cache: Residen
     model.eval().requires_grad_(False)
     state = patch_model(model, torch.device("cpu"))
     copies = resident_file.load(model, cache, fmt, dtype) if cache is not None else None
-    if copies is None:
-        copies = {}
-        if not _quantize_from(Path(directory), model, dtype, fmt, progress):
+    from_file = copies is not None
+    if not from_file:
+        tied = getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False)
+        copies = _quantize_from(Path(directory), model, dtype, fmt, progress, quantize_head=not tied)
+        if copies is None:
             return None
     if getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False):
         model.tie_weights()
@@ -86,12 +89,15 @@ def load_quantized(directory: Path, dtype: torch.dtype, fmt: str, cache: Residen
         model.generation_config = GenerationConfig.from_pretrained(directory)
     except OSError:                                        # no generation_config.json: the model's defaults
         pass
-    return QuantizedBase(model, state, copies)
+    return QuantizedBase(model, state, copies, from_file)
 
 
-def _quantize_from(directory: Path, model: nn.Module, dtype: torch.dtype, fmt: str, progress) -> bool:
-    """Fill the meta model from the checkpoint's tensors, one at a time; False where a key names
-    no parameter of the model (the model is then of no use)."""
+def _quantize_from(directory: Path, model: nn.Module, dtype: torch.dtype, fmt: str, progress,
+                   quantize_head: bool) -> dict | None:
+    """Fill the meta model from the checkpoint's tensors, one at a time; None where a key names
+    no parameter of the model (the model is then of no use). `quantize_head` (an untied head):
+    its copy is made as it is read, from the checkpoint's own dtype, and returned as {name: copy};
+    it never stays as a parameter widened to the model's dtype (an 8B head: 0.8 GB)."""
     owners = _owners(model)
     files = sorted(directory.glob("*.safetensors"))
     try:
@@ -100,22 +106,30 @@ def _quantize_from(directory: Path, model: nn.Module, dtype: torch.dtype, fmt: s
             with open(path, "rb") as f:
                 tables[path] = resident_file.tensor_table(f, path.stat().st_size)[1]
     except (ValueError, KeyError, TypeError):
-        return False                        # a header this reader does not take: from_pretrained's turn
+        return None                         # a header this reader does not take: from_pretrained's turn
     total = sum(len(table) for table in tables.values())
     if not files or any(key not in owners for table in tables.values() for key in table):
-        return False
-    done = 0
+        return None
+    head = model.get_output_embeddings() if quantize_head else None
+    head_name = next((name for name, m in model.named_modules() if m is head), None) if type(head) is nn.Linear else None
+    copies, done = {}, 0
     for path, table in tables.items():
         # read, not mapped: a shard's mapped pages would stay in RSS while it is open (8B: +1 GiB)
         with open(path, "rb") as f:
             for key, entry in table.items():
                 module, attr, variant = owners[key]
-                _place(module, attr, variant, resident_file.read_tensor(f, entry).to(dtype), fmt)
+                tensor = resident_file.read_tensor(f, entry)
+                fast = cpu_weights.fast_copy(tensor, HEAD_FORMATS.get(fmt, fmt)) if key == f"{head_name}.weight" else None
+                if fast is not None:
+                    copies[head_name] = fast
+                else:
+                    _place(module, attr, variant, tensor.to(dtype), fmt)
+                del tensor
                 cpu_weights.release_freed_memory()      # the widened weight's pages
                 done += 1
                 if progress is not None:
                     progress(done, total)
-    return True
+    return copies
 
 
 def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, str, VariantLinear | None]]:

@@ -15,7 +15,7 @@ from zenedge.runtime import cpu_weights
 from zenedge.runtime.layers import FastLinear, VariantLinear, VariantState
 
 # The output head's format for each model format (see cpu_weights.OneDnnBF16, NativeInt8Weight).
-_HEAD_FORMATS = {"int8": "bf16", "int4": "q8"}
+HEAD_FORMATS = {"int8": "bf16", "int4": "q8"}
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -58,7 +58,7 @@ def convert_model(model: nn.Module, fmt: str, *, drop_plain: bool = False, copie
             parent = model.get_submodule(parent_name) if parent_name else model
             if isinstance(parent, VariantLinear):            # a VariantLinear's own base: done above
                 continue
-            fast = copies[name] = made.get(name) or cpu_weights.fast_copy(module.weight, _HEAD_FORMATS.get(fmt, fmt))
+            fast = copies[name] = made.get(name) or cpu_weights.fast_copy(module.weight, HEAD_FORMATS.get(fmt, fmt))
             if fast is not None:
                 setattr(parent, child, FastLinear(module, fast, state))
                 if drop_plain and fast.lossy and id(module.weight) not in tied:
