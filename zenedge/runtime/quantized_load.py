@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from zenedge.adapters.safetensors_file import read_header
+from zenedge.errors import InvalidAdapter
 from zenedge.runtime import cpu_weights, resident_file
 from zenedge.runtime.layers import VariantLinear, VariantState
 from zenedge.runtime.resident_file import ResidentCache
@@ -101,11 +103,10 @@ def _quantize_from(directory: Path, model: nn.Module, dtype: torch.dtype, fmt: s
     owners = _owners(model)
     files = sorted(directory.glob("*.safetensors"))
     try:
-        tables = {}
-        for path in files:
-            with open(path, "rb") as f:
-                tables[path] = resident_file.tensor_table(f, path.stat().st_size)[1]
-    except (ValueError, KeyError, TypeError):
+        tables = {path: read_header(path).tensors for path in files}
+        if any(info.dtype not in resident_file.READABLE for table in tables.values() for info in table.values()):
+            return None
+    except InvalidAdapter:
         return None                         # a header this reader does not take: from_pretrained's turn
     total = sum(len(table) for table in tables.values())
     if not files or any(key not in owners for table in tables.values() for key in table):

@@ -21,7 +21,6 @@ business), no file is written and every load quantizes.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from zenedge.adapters.safetensors_file import TensorInfo, read_header
+from zenedge.errors import InvalidAdapter
 from zenedge.runtime import cpu_weights
 from zenedge.runtime.layers import FastLinear, VariantLinear
 
@@ -36,6 +37,8 @@ LAYOUT = "zenedge-resident/1"
 _COPIES = {cls.__name__: cls for cls in (cpu_weights.NativeInt4Weight, cpu_weights.NativeInt8Weight)}
 _DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
            torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64", torch.bool: "BOOL"}
+_NAMED = {name: dtype for dtype, name in _DTYPES.items()}
+READABLE = frozenset(_NAMED)       # safetensors dtypes `read_tensor` takes
 _ALIGN = 64
 
 
@@ -94,8 +97,9 @@ def load(model: nn.Module, cache: ResidentCache, fmt: str, dtype: torch.dtype) -
     if not path.is_file():
         return None
     try:
+        header = read_header(path)
+        metadata, entries = header.metadata, header.tensors
         with open(path, "rb") as f:
-            metadata, entries = tensor_table(f, path.stat().st_size)
             if any(metadata.get(k) != v for k, v in cache.key(fmt, dtype).items()):
                 return None
             layout = json.loads(metadata["copies"])
@@ -111,7 +115,7 @@ def load(model: nn.Module, cache: ResidentCache, fmt: str, dtype: torch.dtype) -
                           info["rows"], info["inputs"])
                       for name, info in layout.items()}
             plain = {key: read_tensor(f, entries[key]) for key in keys - copy_keys}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, InvalidAdapter, ValueError, KeyError, TypeError):
         return None                 # unreadable, truncated or foreign: quantize from the source instead
     for key, tensor in plain.items():
         owner, _, attr = key.rpartition(".")
@@ -122,29 +126,12 @@ def load(model: nn.Module, cache: ResidentCache, fmt: str, dtype: torch.dtype) -
     return copies
 
 
-def tensor_table(f, size: int) -> tuple[dict[str, str], dict[str, tuple[torch.dtype, list[int], int, int]]]:
-    """The file's metadata and {name: (dtype, shape, start, end)} with absolute offsets, checked
-    against the file's size (a torn file fails here, not in a read)."""
-    length = int.from_bytes(f.read(8), "little")
-    if not 0 < length <= size - 8:
-        raise ValueError("no safetensors header")
-    header = json.loads(f.read(length))
-    metadata = header.pop("__metadata__", {})
-    dtypes = {v: k for k, v in _DTYPES.items()}
-    entries = {}
-    for name, info in header.items():
-        dtype, shape, (begin, end) = dtypes[info["dtype"]], info["shape"], info["data_offsets"]
-        if end - begin != math.prod(shape) * dtype.itemsize or 8 + length + end > size:
-            raise ValueError(f"{name}: its bytes are not in the file")
-        entries[name] = (dtype, shape, 8 + length + begin, 8 + length + end)
-    return metadata, entries
-
-
-def read_tensor(f, entry) -> torch.Tensor:
-    """One tensor read into fresh memory. A read, not a mapping: mapped file pages count in the
-    process's RSS for as long as any tensor views them, and the copies are moved into huge pages
-    right after (convert_model), so a mapping would only double the load's peak (8B: 10 GiB)."""
-    dtype, shape, begin, end = entry
+def read_tensor(f, info: TensorInfo) -> torch.Tensor:
+    """One tensor (`info` from adapters.safetensors_file.read_header) read into fresh memory. A
+    read, not a mapping: mapped file pages count in the process's RSS for as long as any tensor
+    views them, and the copies are moved into huge pages right after (convert_model), so a
+    mapping would only double the load's peak (8B: 10 GiB)."""
+    dtype, shape, begin, end = _NAMED[info.dtype], info.shape, info.begin, info.end
     t = torch.empty(shape, dtype=dtype)
     f.seek(begin)
     if f.readinto(memoryview(t.view(-1).view(torch.uint8).numpy())) != end - begin:
