@@ -36,6 +36,11 @@ _KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_c
 
 
 def weights_files(directory: Path) -> list[Path]:
+    """A base directory's weight files: its safetensors shards, or the GGUF file stored as it is."""
+    from zenedge.gguf_file import FILENAME
+
+    if (directory / FILENAME).is_file():
+        return [directory / FILENAME]
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt"))
@@ -51,6 +56,15 @@ def weights_sha256(directory: Path) -> str:
 
 def linear_modules(directory: Path) -> dict[str, list[int]]:
     """{module: [out, in]} for every 2-D `.weight` in the checkpoint (read from headers only)."""
+    from zenedge import gguf_file
+
+    if (directory / gguf_file.FILENAME).is_file():
+        stored = gguf_file.stored_names(directory)
+        if stored is None:
+            raise InvalidInput(f"{directory}: its GGUF file's tensors do not name the model's parameters")
+        gguf, names = stored
+        return {key.removesuffix(".weight"): list(gguf_file.shape(t)) for t in gguf.tensors
+                if (key := names.get(t.name, "")).endswith(".weight") and len(gguf_file.shape(t)) == 2}
     modules = {}
     for path in weights_files(directory):
         for name, info in read_header(path).tensors.items():
@@ -165,16 +179,92 @@ def _quiet_progress_bars(quiet: bool):
 
 
 def add_gguf(store: Store, gguf_path: Path, name: str, *, aliases: list[str] = (),
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[str], None] | None = None, keep_quantized: bool = True) -> dict[str, Any]:
+    """Register a GGUF file as a base. Where its architecture and tensors map onto the model
+    (gguf_file.py), the file itself is stored, as it is, beside the config and tokenizer read from
+    it: its int4 and Q8_0 blocks are what the runtime multiplies with. Otherwise (or with
+    `keep_quantized` off) it is dequantized into an fp32 safetensors checkpoint (convert_gguf)."""
     check_name(name, "base name")
     if not Path(gguf_path).is_file():
         raise InvalidInput(f"{gguf_path}: no such file")
+    if keep_quantized:
+        row = _add_gguf_as_is(store, Path(gguf_path), name, aliases=aliases, progress=progress)
+        if row is not None:
+            return row
     with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging:
         convert_gguf(Path(gguf_path), Path(staging) / "hf", progress)
         if progress:
             progress("storing safetensors")
         return add_hf_dir(store, Path(staging) / "hf", name, aliases=aliases, source=str(Path(gguf_path).resolve()),
                           sha256=file_sha256(Path(gguf_path)))
+
+
+def _add_gguf_as_is(store: Store, gguf_path: Path, name: str, *, aliases: list[str],
+                    progress: Callable[[str], None] | None) -> dict[str, Any] | None:
+    """add_gguf's first choice: the file stored as it is (None where it does not map: convert it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from zenedge import gguf_file
+
+    architecture = gguf_architecture(gguf_path)
+    if architecture not in gguf_file.ARCHITECTURES:
+        return None
+    with ThreadPoolExecutor(1) as pool:
+        digest = pool.submit(file_sha256, gguf_path)     # hashing (GIL released) beside the parsing
+        with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging:
+            folder = Path(staging) / "base"
+            described = _describe_gguf(gguf_path, folder, architecture, progress)
+            if described is None:
+                return None
+            modules, report = described
+            if progress:
+                for line in report:
+                    progress(line)
+                progress("storing the file as it is")
+            shutil.copyfile(gguf_path, folder / gguf_file.FILENAME)
+            sha = digest.result()
+            return store.add_base(name, folder, sha256=sha, modules=modules, aliases=list(aliases),
+                                  source=str(gguf_path.resolve()), weights_sha256=sha, move=True)
+
+
+def _describe_gguf(gguf_path: Path, out_dir: Path, architecture: str,
+                   progress: Callable[[str], None] | None) -> tuple[dict[str, list[int]], list[str]] | None:
+    """Write the config, generation config and tokenizer the file describes into `out_dir`; return
+    ({linear module: [out, in]}, lines reporting how its tensors are kept), or None where its
+    tensors do not name the model's parameters."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from zenedge import gguf_file
+
+    folder, filename = str(gguf_path.parent), gguf_path.name
+    if progress:
+        progress(f"reading config and tokenizer ({architecture})")
+    try:
+        with _quiet_progress_bars(progress is not None):
+            config = AutoConfig.from_pretrained(folder, gguf_file=filename)
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise InvalidInput(f"{filename} ({architecture}) cannot be loaded: {_one_line(exc)}") from None
+    with torch.device("meta"):
+        keys = [k for k, _ in AutoModelForCausalLM.from_config(config).named_parameters()]
+    reader = gguf_file.reader(gguf_path)
+    names = gguf_file.parameter_names(reader, keys)
+    if names is None:
+        return None
+    tensors = {t.name: t for t in reader.tensors}
+    modules = {key.removesuffix(".weight"): list(gguf_file.shape(tensors[name]))
+               for name, key in names.items() if key.endswith(".weight") and len(gguf_file.shape(tensors[name])) == 2}
+    config.__dict__.pop("quantization_config", None)
+    out_dir.mkdir(parents=True)
+    config.save_pretrained(out_dir)
+    GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    report = gguf_file.report(reader, names)
+    if not getattr(tokenizer, "chat_template", None):
+        report.append("note: the file has no chat template; chats with this base use zenedge's plain prompt "
+                      "(User: … / Assistant:)")
+    return modules, report
 
 
 def default_base_gguf() -> Path:

@@ -88,6 +88,7 @@ _chosen: list = []          # [(instruction set or None, why)]: decided once per
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "zenedge_int4_gemm": [_P] * 5 + [_I] * 3,
+    "zenedge_int4_gemm_scaled": [_P] * 5 + [_I] * 4,
     "zenedge_int8_gemm": [_P] * 4 + [_I] * 3,
     "zenedge_rms_norm": [_P] * 3 + [_I] * 2 + [_F],
     "zenedge_decode_attention": [_P] * 5 + [_I] * 8 + [_F],
@@ -114,8 +115,8 @@ class Delta(ctypes.Structure):
 
 
 class Product(ctypes.Structure):
-    _fields_ = [("codes", _P), ("scale", _P), ("zero", _P), ("rows", _I), ("inputs", _I), ("deltas", _I),
-                ("delta", ctypes.POINTER(Delta))]
+    _fields_ = [("codes", _P), ("scale", _P), ("zero", _P), ("kind", _I), ("rows", _I), ("inputs", _I),
+                ("deltas", _I), ("delta", ctypes.POINTER(Delta))]
 
 
 class Layer(ctypes.Structure):
@@ -222,12 +223,24 @@ def int4_gemm():
     return lib.zenedge_int4_gemm if lib is not None else None
 
 
+def int4_gemm_scaled():
+    """`zenedge_int4_gemm_scaled(x, codes, scale, zero, y, M, N, K, kind)` (int4_gemv.c), or None;
+    kind = SCALE_KINDS[scale.dtype]."""
+    lib = library()
+    return lib.zenedge_int4_gemm_scaled if lib is not None else None
+
+
+# int4_gemv.c's SCALES_*, told apart by the scales' dtype: bf16 scale and zero, W = (q - 8)·s + z
+# (zenedge's quantizer); fp16 or fp32 scale and minimum, W = q·s + m (GGUF's blocks, kept exactly)
+SCALE_KINDS = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+
 BLOCK_ROWS = 16             # int4_gemv.c and int8_gemv.c ROWS: rows of W per block of their layouts
 
 
 def int4_layout(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
-    """int4_gemv.c's layout of int4 codes q [N, K] (0..15) with bf16 scale and zero [N, K/32]:
-    (codes uint8 [N/16, K/8, 64], scale and zero bf16 [N/16, K/32, 16]); N a multiple of 16."""
+    """int4_gemv.c's layout of int4 codes q [N, K] (0..15) with scale and zero [N, K/32] (of one of
+    SCALE_KINDS' dtypes): (codes uint8 [N/16, K/8, 64], scale and zero [N/16, K/32, 16]); N a
+    multiple of 16."""
     rows, inputs = q.shape
     blocks = q.to(torch.uint8).view(rows // BLOCK_ROWS, BLOCK_ROWS, inputs // 8, 2, 4).transpose(1, 2)  # [B, K/8, 16, 2, 4]
     codes = blocks[..., 0, :] | (blocks[..., 1, :] << 4)
@@ -536,7 +549,18 @@ def _int4_ok(lib) -> bool:
         return False
     groups = q.float().view(rows, -1, 32) - 8
     weight = (groups * scale.float()[..., None] + zero.float()[..., None]).view(rows, inputs)
-    return bool(torch.allclose(y, rounded(x, 16) @ weight.t(), rtol=1e-4, atol=1e-4))
+    if not torch.allclose(y, rounded(x, 16) @ weight.t(), rtol=1e-4, atol=1e-4):
+        return False
+    for dtype, kind in ((torch.float16, 1), (torch.float32, 2)):   # W = q·s + m
+        s16, m16 = scale.to(dtype), zero.to(dtype)
+        codes, block_scale, block_zero = int4_layout(q, s16, m16)
+        if lib.zenedge_int4_gemm_scaled(x.data_ptr(), codes.data_ptr(), block_scale.data_ptr(), block_zero.data_ptr(),
+                                        y.data_ptr(), 11, rows, inputs, kind):
+            return False
+        weight = (q.float().view(rows, -1, 32) * s16.float()[..., None] + m16.float()[..., None]).view(rows, inputs)
+        if not torch.allclose(y, rounded(x, 16) @ weight.t(), rtol=1e-4, atol=1e-4):
+            return False
+    return True
 
 
 def _int8_ok(lib) -> bool:

@@ -50,7 +50,8 @@ typedef struct {                 /* what one variant adds to a product, on the r
 
 typedef struct {                 /* y = x·Wᵀ (int4_gemv.c's layout) plus each row's variant */
     const uint8_t *codes;
-    const uint16_t *scale, *zero;
+    const void *scale, *zero;
+    int64_t kind;                /* int4_gemv.c's SCALES_* */
     int64_t rows, inputs, deltas;
     const zenedge_delta *delta;  /* [deltas] */
 } zenedge_product;
@@ -114,7 +115,7 @@ static int add_delta(const zenedge_delta *d, const float *x, float *y, int64_t m
    on its own rows (gathered where it has some of them only: the kernels sum each row alone, so a
    row's numbers are the same gathered or not). */
 static int product(const zenedge_product *p, const float *x, float *y, int64_t n, gathered g) {
-    int status = zenedge_int4_gemm(x, p->codes, p->scale, p->zero, y, n, p->rows, p->inputs);
+    int status = zenedge_int4_gemm_scaled(x, p->codes, p->scale, p->zero, y, n, p->rows, p->inputs, p->kind);
     for (int64_t i = 0; i < p->deltas && !status; i++) {
         const zenedge_delta *d = &p->delta[i];
         if (!d->rows) {

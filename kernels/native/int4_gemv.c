@@ -19,12 +19,18 @@
  * NEON, and the portable scalar loop. Decode streams every weight from memory, so
  * bytes decide: scales and zeros stay bf16 (4 bytes per 32 weights).
  *
+ * Scales come in three kinds (SCALES_*), so that a GGUF file's int4 blocks are multiplied as they are:
+ *   SCALES_BF16  scale and zero bf16, W = (q - 8)·s + z: zenedge's own quantizer (cpu_weights.py);
+ *   SCALES_F16   scale and minimum fp16, W = q·s + m: GGUF's Q4_0 (m = -8 d) and Q4_1, bit for bit;
+ *   SCALES_F32   scale and minimum fp32, W = q·s + m: GGUF's Q4_K, whose per-32 scale d·sc (fp16 times
+ *                a 6-bit integer) is exact in fp32 but not in 16 bits (gguf_weights.py).
+ *
  * Layout (made by native.int4_layout, for cpu_weights.NativeInt4Weight): for the 16-row block b
  * and the inputs 8c..8c+7 (c = 0..K/8-1),
  *   codes  uint8 [N/16, K/8, 64]: byte 4j + t holds q[16b + j, 8c + t] in its low nibble and
  *          q[16b + j, 8c + 4 + t] in its high one (t = 0..3); as a 32-bit word, bits 4k and
  *          16 + 4k hold inputs PAIR[2k] and PAIR[2k + 1];
- *   scale, zero  bf16 [N/16, K/32, 16]: the group's scale and zero for the block's 16 rows.
+ *   scale, zero  [N/16, K/32, 16] of the kind's type: the group's scale and zero for the block's 16 rows.
  * x fp32 [M, K] and y fp32 [M, N], row-major; N a multiple of 16; K a multiple of 64, at most
  * MAX_INPUTS. Blocks of W are independent, so a product over stacked weights is bit for bit the
  * products over its parts; each row of x is rounded and summed alone, so a row's product is the
@@ -45,11 +51,23 @@
 /* The inputs of a run of 8 that the word's nibble pairs k = 0..3 hold: x̂ is stored in this order */
 static const int PAIR[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
-/* The end of group g for MC rows of x: acc += dot·(s·d), acc += (z - 8 s)·(d·Σ x̂), with s and z the
-   block's 16 scales and zeros in the lanes' order and dot the exact integer sums as fp32 */
+enum { SCALES_BF16 = 0, SCALES_F16 = 1, SCALES_F32 = 2 };
+
+/* The 16 rows' scales (or zeros) of group g, as fp32 lanes */
+INLINE v16 group_scales(const void *p, int64_t g, const int KIND) {
+    if (KIND == SCALES_F32)
+        return v16_load((const float *)p + g * ROWS);
+    if (KIND == SCALES_F16)
+        return v16_from_half((const uint16_t *)p + g * ROWS);
+    return v16_from_bf16((const uint16_t *)p + g * ROWS);
+}
+
+/* The end of group g for MC rows of x: acc += dot·(s·d), acc += m·(d·Σ x̂), with s and m the
+   block's 16 scales and minimums in the lanes' order (m = z - 8 s for SCALES_BF16) and dot the
+   exact integer sums as fp32 */
 INLINE void end_group(v16 *acc, const v16 *dot, v16 s, v16 zero, const x_rows *x, int64_t groups, int64_t m0,
-                      int64_t g, const int MC) {
-    const v16 z = v16_fma(s, v16_set1(-8.0f), zero);
+                      int64_t g, const int MC, const int KIND) {
+    const v16 z = KIND == SCALES_BF16 ? v16_fma(s, v16_set1(-8.0f), zero) : zero;
     for (int i = 0; i < MC; i++) {
         const int64_t at = (m0 + i) * groups + g;
         acc[i] = v16_fma(dot[i], v16_mul(s, v16_set1(x->step[at])), acc[i]);
@@ -165,43 +183,62 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
 #endif
 
 /* One block of 16 rows of W against MC rows of x from x row m0 (MC constant: unrolled) */
-INLINE void block(const uint8_t *codes, const uint8_t *ahead, const uint16_t *scale, const uint16_t *zero,
-                  const x_rows *x, int64_t K, int64_t m0, float *y, int64_t N, int64_t n, const int MC) {
+INLINE void block(const uint8_t *codes, const uint8_t *ahead, const void *scale, const void *zero,
+                  const x_rows *x, int64_t K, int64_t m0, float *y, int64_t N, int64_t n, const int MC,
+                  const int KIND) {
     const int64_t groups = K / 32;
     v16 acc[MAX_TILE], dot[MAX_TILE];
     for (int i = 0; i < MC; i++)
         acc[i] = v16_zero();
     for (int64_t g = 0; g < groups; g++) {
         group_dots(codes, ahead, (const int16_t *)x->codes, K, m0, g, dot, MC);
-        end_group(acc, dot, v16_from_bf16(scale + g * ROWS), v16_from_bf16(zero + g * ROWS), x, groups, m0, g, MC);
+        end_group(acc, dot, group_scales(scale, g, KIND), group_scales(zero, g, KIND), x, groups, m0, g, MC, KIND);
     }
     for (int i = 0; i < MC; i++)
         v16_store(y + (m0 + i) * N + n, acc[i]);
 }
 
-int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,
-                      float *y, int64_t M, int64_t N, int64_t K) {
-    const int64_t block_bytes = ROWS * K / 2, block_scales = ROWS * (K / 32);
-    if (K % 64 || K > MAX_INPUTS || N % ROWS)
-        return -2;
-    x_rows rows;
-    if (x_rows_make(&rows, x, M, K, K, 16, PAIR))
-        return -1;
+/* One kind's pass over every block (KIND constant: each kind its own copy of the loop) */
+INLINE void all_blocks(const uint8_t *codes, const void *scale, const void *zero, const x_rows *rows, float *y,
+                       int64_t M, int64_t N, int64_t K, const int KIND) {
+    const int64_t block_bytes = ROWS * K / 2;
+    const int64_t scale_bytes = ROWS * (K / 32) * (KIND == SCALES_F32 ? 4 : 2);
     for (int64_t b = 0; b < N / ROWS; b++) {
         const uint8_t *c = codes + b * block_bytes;
         /* the blocks ahead, streamed into L2 while this one is used (the hardware prefetcher alone
            falls behind the stream); the last blocks prefetch themselves */
         const uint8_t *ahead = b + BLOCKS_AHEAD < N / ROWS ? c + BLOCKS_AHEAD * block_bytes : c;
-        const uint16_t *s = scale + b * block_scales, *z = zero + b * block_scales;
+        const void *s = (const uint8_t *)scale + b * scale_bytes, *z = (const uint8_t *)zero + b * scale_bytes;
         for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {
             switch (M - m0 >= MAX_TILE ? MAX_TILE : (int)(M - m0)) {
-            case 4: block(c, ahead, s, z, &rows, K, m0, y, N, b * ROWS, 4); break;
-            case 3: block(c, ahead, s, z, &rows, K, m0, y, N, b * ROWS, 3); break;
-            case 2: block(c, ahead, s, z, &rows, K, m0, y, N, b * ROWS, 2); break;
-            default: block(c, ahead, s, z, &rows, K, m0, y, N, b * ROWS, 1); break;
+            case 4: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 4, KIND); break;
+            case 3: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 3, KIND); break;
+            case 2: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 2, KIND); break;
+            default: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 1, KIND); break;
             }
         }
     }
+}
+
+/* The product with scales of the given kind (SCALES_*); -2 also for a kind it does not know */
+int zenedge_int4_gemm_scaled(const float *x, const uint8_t *codes, const void *scale, const void *zero,
+                             float *y, int64_t M, int64_t N, int64_t K, int64_t kind) {
+    if (K % 64 || K > MAX_INPUTS || N % ROWS || kind < SCALES_BF16 || kind > SCALES_F32)
+        return -2;
+    x_rows rows;
+    if (x_rows_make(&rows, x, M, K, K, 16, PAIR))
+        return -1;
+    if (kind == SCALES_F32)
+        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_F32);
+    else if (kind == SCALES_F16)
+        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_F16);
+    else
+        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_BF16);
     x_rows_free(&rows);
     return 0;
+}
+
+int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,
+                      float *y, int64_t M, int64_t N, int64_t K) {
+    return zenedge_int4_gemm_scaled(x, codes, scale, zero, y, M, N, K, SCALES_BF16);
 }

@@ -53,6 +53,10 @@ class _Checkpoint:
     def __init__(self, directory: str | os.PathLike):
         self.dir = Path(directory)
         self.files = sorted(self.dir.glob("*.safetensors"))
+        if not self.files and (self.dir / "model.gguf").is_file():
+            raise CheckpointMismatch(f"{self.dir}: the base is stored as a GGUF file; BitDelta compression needs "
+                                     "its safetensors (add the base from a Hugging Face directory, or with "
+                                     "`zenedge base add FILE.gguf --convert`)")
         if not self.files:
             raise CheckpointMismatch(f"{self.dir}: no .safetensors files")
         self._handles = {}

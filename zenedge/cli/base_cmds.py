@@ -34,15 +34,23 @@ def list_(json_out: bool) -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--name", "-n", default=None, help="Base name (default: from the path).")
 @click.option("--alias", multiple=True, help="Other names adapters may use for it.")
-def add(path: Path, name: str | None, alias: tuple[str, ...]) -> None:
-    """Register a Hugging Face model directory or a GGUF file (converted to safetensors)."""
+@click.option("--convert", is_flag=True,
+              help="GGUF: dequantize into fp32 safetensors instead of storing the file as it is "
+                   "(what BitDelta compression and merged exports of its variants need).")
+def add(path: Path, name: str | None, alias: tuple[str, ...], convert: bool) -> None:
+    """Register a Hugging Face model directory or a GGUF file.
+
+    A GGUF file of a llama, mistral or qwen2/3 model is stored as it is: its Q4_0, Q4_1, Q4_K and
+    Q8_0 weights are what zenedge multiplies with, bit for bit; other tensor types are requantized
+    to Q8_0 at load (the loss is reported here). Other architectures are converted to safetensors."""
     from zenedge import bases
 
     load_config()
     store = open_store()
     name = name or path.stem.lower()
     if path.suffix.lower() == ".gguf":
-        row = bases.add_gguf(store, path, name, aliases=list(alias), progress=lambda m: click.echo(m, err=True))
+        row = bases.add_gguf(store, path, name, aliases=list(alias), progress=lambda m: click.echo(m, err=True),
+                             keep_quantized=not convert)
     else:
         row = bases.add_hf_dir(store, path, name, aliases=list(alias))
     click.echo(f"added base {row['name']} ({format_size(row['bytes'])}, sha256 {row['sha256'][:12]})")

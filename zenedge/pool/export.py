@@ -80,6 +80,11 @@ def _merged_model(store: Store, adapter: dict[str, Any], dest: Path) -> None:
 
     base = store.base(adapter["base"])
     base_dir = store.home / base["dir"]
+    if not any(base_dir.glob("*.safetensors")):
+        from zenedge.errors import InvalidInput
+
+        raise InvalidInput(f"base {base['name']!r} is stored as a GGUF file: merged exports need its safetensors",
+                           hint="export as PEFT adapters instead, or add the base from a Hugging Face directory")
     dest.mkdir(parents=True, exist_ok=True)
     for item in base_dir.iterdir():
         if item.is_file() and not item.name.endswith(".safetensors"):

@@ -133,6 +133,7 @@ def _describe(entry, linears, batch, keep: list, copies: list) -> str | None:
         return f"a variant adds more than {native.MAX_SLICES} slices"
     tensors, pointers = step.weight._weights
     entry.codes, entry.scale, entry.zero = pointers
+    entry.kind = step.weight.kind
     entry.rows, entry.inputs = step.weight.rows, step.weight.inputs
     keep.extend(tensors)
     deltas = (native.Delta * max(len(step.deltas), 1))()

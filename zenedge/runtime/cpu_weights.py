@@ -208,11 +208,14 @@ class NativeInt4Weight(CpuWeight):
 
     def _set_size(self):
         self.rows, self.inputs = self.codes.shape[0] * native.BLOCK_ROWS, self.codes.shape[1] * 8
-        self.nbytes = self.codes.numel() + (self.scale.numel() + self.zero.numel()) * 2
+        self.nbytes = self.codes.numel() + (self.scale.numel() + self.zero.numel()) * self.scale.element_size()
+        # bf16 scales: zenedge's quantizer, W = (q - 8)·s + z; fp16 or fp32: a GGUF file's blocks
+        # kept as they are, W = q·s + m (native.SCALE_KINDS)
+        self.kind = native.SCALE_KINDS[self.scale.dtype]
         # What every call passes, looked up once: the pointers together with their tensors, in
         # one attribute, so a call that read it holds the memory it points to even if `stacked`
         # swaps the tensors for views of a stacked copy meanwhile (another thread).
-        self._kernel = native.int4_gemm()
+        self._kernel = native.int4_gemm_scaled()
         tensors = (self.codes, self.scale, self.zero)
         self._weights = (tensors, tuple(t.data_ptr() for t in tensors))
 
@@ -227,10 +230,10 @@ class NativeInt4Weight(CpuWeight):
         x = flat.float().contiguous()
         y = torch.empty((x.shape[0], self.rows), dtype=torch.float32)   # what the kernel writes
         held, pointers = self._weights                  # `held` keeps the weights alive for the call
-        kernel, rows, inputs = self._kernel, self.rows, self.inputs
+        kernel, rows, inputs, kind = self._kernel, self.rows, self.inputs, self.kind
 
         def product(start, count):
-            if kernel(x[start].data_ptr(), *pointers, y[start].data_ptr(), count, rows, inputs):
+            if kernel(x[start].data_ptr(), *pointers, y[start].data_ptr(), count, rows, inputs, kind):
                 raise MemoryError("the int4 kernel could not allocate its scratch")
         _over_rows(product, x.shape[0])
         return y if flat.dtype == torch.float32 else y.to(flat.dtype)
@@ -248,9 +251,18 @@ class NativeInt4Weight(CpuWeight):
         return copy
 
     @classmethod
+    def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> "NativeInt4Weight":
+        """The copy of codes q [out, in] (0..15) with scale and zero [out, in/GROUP]: bf16 for
+        W = (q - 8)·s + z, fp16 or fp32 for W = q·s + z (a GGUF file's blocks: gguf_file.py)."""
+        copy = cls.__new__(cls)
+        copy.codes, copy.scale, copy.zero = native.int4_layout(q, scale, zero)
+        copy._set_size()
+        return copy
+
+    @classmethod
     def stacked(cls, parts: list["NativeInt4Weight"]) -> "NativeInt4Weight | None":
         """One copy for the parts stacked on the output axis; the parts become views of it."""
-        if len(parts) < 2 or len({p.inputs for p in parts}) != 1:
+        if len(parts) < 2 or len({p.inputs for p in parts}) != 1 or len({p.kind for p in parts}) != 1:
             return None
         stacked = cls.__new__(cls)
         stacked.codes, stacked.scale, stacked.zero = (torch.cat([getattr(p, name) for p in parts])
@@ -275,8 +287,10 @@ class NativeInt4Weight(CpuWeight):
 
     def dequantized(self) -> torch.Tensor:
         """The weight the kernel multiplies by, in fp32 (for tests and quality checks)."""
-        q = native.int4_codes(self.codes).float().view(self.rows, -1, self.GROUP) - 8
+        q = native.int4_codes(self.codes).float().view(self.rows, -1, self.GROUP)
         scale, zero = (t.transpose(1, 2).reshape(self.rows, -1, 1).float() for t in (self.scale, self.zero))
+        if self.kind == native.SCALE_KINDS[torch.bfloat16]:
+            q -= 8
         return (q * scale + zero).view(self.rows, self.inputs)
 
 
@@ -310,6 +324,12 @@ class NativeInt8Weight(CpuWeight):
         self._kernel = native.int8_gemm()
 
     TENSORS = ("codes", "scale")
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor) -> "NativeInt8Weight":
+        """The copy of int8 codes [out, in] with fp16 scales [out, in/GROUP] (a GGUF Q8_0 tensor's)."""
+        blocked, scales = native.int8_layout(codes, scale)
+        return cls.from_tensors({"codes": blocked, "scale": scales}, *codes.shape)
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], rows: int, inputs: int) -> "NativeInt8Weight":

@@ -100,8 +100,13 @@ def resident_bytes(directory: Path, dtype: torch.dtype, weights: str) -> tuple[i
 
     from zenedge.adapters.safetensors_file import read_header
 
-    shapes = [t.shape for path in sorted(Path(directory).glob("*.safetensors"))
-              for t in read_header(path).tensors.values()]
+    from zenedge import gguf_file
+
+    if (Path(directory) / gguf_file.FILENAME).is_file():      # a GGUF file stored as it is
+        shapes = gguf_file.shapes(Path(directory) / gguf_file.FILENAME)
+    else:
+        shapes = [t.shape for path in sorted(Path(directory).glob("*.safetensors"))
+                  for t in read_header(path).tensors.values()]
     params = sum(math.prod(shape) for shape in shapes)
     if weights not in QUANTIZED:
         copy = 2.0 if weights == "full" and dtype == torch.bfloat16 else FAST_COPY_BYTES.get(weights, 2.0)
@@ -146,8 +151,14 @@ def load_causal_lm(source, **kwargs) -> torch.nn.Module:
     from a hub."""
     from transformers import AutoModelForCausalLM, PreTrainedModel
 
+    from zenedge import gguf_file
+
     if hasattr(PreTrainedModel, "set_use_kernels"):   # a transformers that knows hub kernels
         kwargs.setdefault("use_kernels", False)
+    if isinstance(source, (str, Path)) and (Path(source) / gguf_file.FILENAME).is_file():
+        # a base stored as its GGUF file: transformers dequantizes it (training, references)
+        kwargs.pop("use_safetensors", None)
+        kwargs["gguf_file"] = gguf_file.FILENAME
     return AutoModelForCausalLM.from_pretrained(source, **kwargs)
 
 

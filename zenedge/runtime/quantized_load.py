@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from zenedge.adapters.safetensors_file import read_header
+from zenedge import gguf_file
 from zenedge.errors import InvalidAdapter
 from zenedge.runtime import cpu_weights, resident_file
 from zenedge.runtime.layers import VariantLinear, VariantState
@@ -101,6 +102,8 @@ def _quantize_from(directory: Path, model: nn.Module, dtype: torch.dtype, fmt: s
     its copy is made as it is read, from the checkpoint's own dtype, and returned as {name: copy};
     it never stays as a parameter widened to the model's dtype (an 8B head: 0.8 GB)."""
     owners = _owners(model)
+    if (directory / gguf_file.FILENAME).is_file():
+        return _fill_from_gguf(directory / gguf_file.FILENAME, model, owners, dtype, fmt, progress, quantize_head)
     files = sorted(directory.glob("*.safetensors"))
     try:
         tables = {path: read_header(path).tensors for path in files}
@@ -131,6 +134,69 @@ def _quantize_from(directory: Path, model: nn.Module, dtype: torch.dtype, fmt: s
                 if progress is not None:
                     progress(done, total)
     return copies
+
+
+def _fill_from_gguf(path: Path, model: nn.Module, owners: dict, dtype: torch.dtype, fmt: str, progress,
+                    quantize_head: bool) -> dict | None:
+    """`_quantize_from` for a GGUF checkpoint: an int4 (Q4_0, Q4_1, Q4_K) or Q8_0 linear becomes a
+    copy holding the file's own codes and scales (gguf_file.py), exact; any other tensor is
+    dequantized and placed as a safetensors one is (a linear requantized: `fmt`'s copy, or the
+    head's format)."""
+    gguf = gguf_file.reader(path)
+    names = gguf_file.parameter_names(gguf, owners)
+    if names is None:
+        return None
+    config = model.config.get_text_config()
+    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head = model.get_output_embeddings() if quantize_head else None
+    head_name = next((name for name, m in model.named_modules() if m is head), None) if type(head) is nn.Linear else None
+    copies, tensors = {}, [t for t in gguf.tensors if t.name in names]
+    for done, tensor in enumerate(tensors, 1):
+        key = names[tensor.name]
+        module, attr, variant = owners[key]
+        is_head = key == f"{head_name}.weight"
+        rows = gguf_file.shape(tensor)[0]
+        order = gguf_file.row_order(gguf, key, rows, heads, kv_heads)
+        copy = _kept_copy(tensor, order) if attr == "weight" and (variant is not None or is_head) and fmt == "int4" else None
+        if copy is not None and is_head:
+            copies[head_name] = copy
+        elif copy is not None:
+            variant.fast = copy
+        else:
+            weight = gguf_file.dequantized(tensor)
+            weight = weight[order] if order is not None else weight
+            fast = cpu_weights.fast_copy(weight, HEAD_FORMATS.get(fmt, fmt)) if is_head else None
+            if fast is not None:
+                copies[head_name] = fast
+            else:
+                _place(module, attr, variant, weight.to(dtype),
+                       gguf_file.REQUANTIZED if fmt == "int4" and variant is not None else fmt)
+            del weight
+        cpu_weights.release_freed_memory()
+        if progress is not None:
+            progress(done, len(tensors))
+    return copies
+
+
+def _kept_copy(tensor, order: torch.Tensor | None) -> cpu_weights.CpuWeight | None:
+    """The C kernels' copy of a GGUF tensor holding its own codes and scales, rows in the model's
+    order; None where its type or shape has no such copy."""
+    rows, inputs = gguf_file.shape(tensor)
+    int4 = gguf_file.int4_blocks(tensor) if cpu_weights.NativeInt4Weight.fits(torch.empty((rows, inputs), device="meta")) else None
+    if int4 is not None:
+        parts = [t[order] if order is not None else t for t in (int4.codes, int4.scale, int4.minimum)]
+        return cpu_weights.NativeInt4Weight.from_codes(*parts)
+    int8 = gguf_file.int8_blocks(tensor) if _native_int8_fits(inputs) else None
+    if int8 is not None:
+        parts = [t[order] if order is not None else t for t in (int8.codes, int8.scale)]
+        return cpu_weights.NativeInt8Weight.from_codes(*parts)
+    return None
+
+
+def _native_int8_fits(inputs: int) -> bool:
+    from zenedge.kernels import native
+
+    return inputs % cpu_weights.NativeInt8Weight.GROUP == 0 and inputs <= native.MAX_INPUTS and native.int8_gemm() is not None
 
 
 def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, str, VariantLinear | None]]:

@@ -63,6 +63,14 @@ def _read_files(directory: str, digest: str) -> dict[str, Any]:
     config = json.loads((folder / "config.json").read_text())
     parameters, dtypes = 0, {}
     for path in bases.weights_files(folder):
+        if path.suffix == ".gguf":          # a GGUF file stored as it is: its tensor table
+            from zenedge import gguf_file
+
+            for tensor in gguf_file.reader(path).tensors:
+                parameters += int(tensor.n_elements)
+                kind = gguf_file.type_name(tensor)
+                dtypes[kind] = dtypes.get(kind, 0) + int(tensor.n_elements)
+            continue
         for info in read_header(path).tensors.values():
             parameters += info.numel
             dtypes[info.dtype] = dtypes.get(info.dtype, 0) + info.numel

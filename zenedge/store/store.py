@@ -342,15 +342,21 @@ class Store:
 
     # -- writes ------------------------------------------------------------------------------
     def add_base(self, name: str, source_dir: Path, *, sha256: str, modules: dict[str, list[int]],
-                 aliases: list[str] = (), source: str = "", weights_sha256: str | None = None) -> dict[str, Any]:
-        """Register a base: copy its files into bases/<name> (tmp dir + rename), then index it."""
+                 aliases: list[str] = (), source: str = "", weights_sha256: str | None = None,
+                 move: bool = False) -> dict[str, Any]:
+        """Register a base: copy its files into bases/<name> (tmp dir + rename), then index it.
+        `move`: `source_dir` is a staging directory on the store's file system, renamed instead
+        of copied (a GGUF base: a gigabyte not written twice)."""
         check_name(name, "base name")
         with self.writing():
             if self.base(name):
                 raise InvalidInput(f"a base named {name!r} is already registered")
             final = self.base_dir(name)
             staging = self.blobs.tmp / f"base-{name}-{time.time_ns()}"
-            shutil.copytree(source_dir, staging)
+            if move:
+                Path(source_dir).rename(staging)
+            else:
+                shutil.copytree(source_dir, staging)
             size = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
             if final.exists():  # leftover of a crash between rename and commit
                 shutil.rmtree(final)

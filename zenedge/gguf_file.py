@@ -1,0 +1,258 @@
+"""A GGUF checkpoint's tensors as zenedge keeps them: quantized blocks mapped bit for bit onto the
+C kernels' formats, the rest dequantized.
+
+llama.cpp's Q4_0, Q4_1 and Q4_K are int4 codes in groups of 32 inputs with a scale (and a
+minimum) per group, which is what kernels/native/int4_gemv.c multiplies:
+
+- Q4_0: W = (q - 8)·d with d fp16, i.e. q·d + m with m = -8 d (exact in fp16): fp16 scales;
+- Q4_1: W = q·d + m, d and m fp16: fp16 scales;
+- Q4_K: super-blocks of 256 with fp16 d and dmin, and 6-bit sc and m per 32: W = q·(d·sc) - dmin·m.
+  d·sc needs up to 17 significant bits, exact in fp32 but not in fp16: fp32 scales.
+
+Q8_0 (int8 codes, an fp16 scale per 32) is int8_gemv.c's format as it is. Those tensors become
+cpu_weights copies holding the file's own codes and scales: their dequantized weights equal
+gguf-py's `dequantize` bit for bit (tests/test_gguf_file.py). Any other type (Q5_0, Q6_K, …) is
+dequantized here and requantized by the caller, with the loss reported at `base add`.
+
+Names: GGUF's tensor names (`blk.3.attn_q.weight`) are matched to the model's parameter names
+through gguf-py's own name map for the file's architecture. llama.cpp's converter permutes the
+rows of a llama model's q and k projections (its rotary embedding pairs dimensions differently);
+rows are whole groups, so undoing it is a reordering of rows, codes and scales alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+
+FILENAME = "model.gguf"             # a GGUF-backed base's weights, in its store directory
+
+# The architectures whose tensors map onto transformers' model one to one, and whether the
+# converter permuted their q/k rows. Others are converted the slow way (bases.convert_gguf).
+ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False, "qwen3": False}
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+INT8_TYPES = ("Q8_0",)
+PLAIN_TYPES = ("F32", "F16", "BF16")
+IGNORED = ("rope_freqs.weight",)
+# What a decoder linear of another type (Q5_0, Q6_K, …) is requantized to at load: Q8_0, whose loss
+# is a tenth of int4's (`base add` reports it per type)
+REQUANTIZED = "q8"    # computed from the config by transformers
+
+
+@dataclass(frozen=True)
+class Int4Blocks:
+    """Codes q [rows, inputs] uint8 (0..15), scale and minimum [rows, inputs/32]: W = q·scale + minimum."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    minimum: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Int8Blocks:
+    """Codes [rows, inputs] int8 and an fp16 scale [rows, inputs/32]: W = codes·scale."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+
+
+def reader(path: Path):
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
+def field(gguf, name: str, default=None):
+    """A scalar or string metadata field of the file."""
+    entry = gguf.fields.get(name)
+    if entry is None or not entry.data:
+        return default
+    value = entry.parts[entry.data[0]]
+    return bytes(value).decode("utf-8", "replace") if entry.types and entry.types[0].name == "STRING" else value[0].item()
+
+
+def architecture(gguf) -> str:
+    return field(gguf, "general.architecture", "")
+
+
+def type_name(tensor) -> str:
+    return tensor.tensor_type.name
+
+
+def shape(tensor) -> tuple[int, ...]:
+    """[rows, inputs] in torch's order (GGUF lists the innermost dimension first)."""
+    return tuple(int(n) for n in reversed(tensor.shape.tolist()))
+
+
+def kept(type_: str) -> bool:
+    """Whether tensors of this type are kept as the file has them (else dequantized)."""
+    return type_ in INT4_TYPES + INT8_TYPES + PLAIN_TYPES
+
+
+def parameter_names(gguf, keys: Iterable[str]) -> dict[str, str] | None:
+    """{GGUF tensor name: model parameter key} for every tensor of the file (IGNORED left out), or
+    None where one names no parameter (an architecture or tensor this map does not know)."""
+    import gguf as gguf_py
+
+    arch = architecture(gguf)
+    ids = {name: arch_id for arch_id, name in gguf_py.MODEL_ARCH_NAMES.items()}
+    if arch not in ARCHITECTURES or arch not in ids:
+        return None
+    blocks = int(field(gguf, f"{arch}.block_count", 0))
+    name_map = gguf_py.get_tensor_name_map(ids[arch], blocks)
+    names = {}
+    for key in keys:
+        mapped = name_map.get_name(key, try_suffixes=(".weight", ".bias"))
+        if mapped is not None:
+            names[mapped] = key
+    tensors = [t.name for t in gguf.tensors if t.name not in IGNORED]
+    if any(name not in names for name in tensors):
+        return None
+    return {name: names[name] for name in tensors}
+
+
+def row_order(gguf, key: str, rows: int, heads: int, kv_heads: int) -> torch.Tensor | None:
+    """The file's row for each of the model's `rows` rows of `key` where the converter permuted
+    them (a llama q or k projection: each head's rows interleaved in pairs), else None."""
+    if not ARCHITECTURES.get(architecture(gguf)):
+        return None
+    count = heads if key.endswith("q_proj.weight") else kv_heads if key.endswith("k_proj.weight") else None
+    if count is None:
+        return None
+    return torch.arange(rows).view(count, rows // count // 2, 2).transpose(1, 2).reshape(rows)
+
+
+def _blocks(tensor, block_bytes: int) -> torch.Tensor:
+    """The tensor's raw blocks, [rows, blocks per row, block_bytes] uint8 (read into memory)."""
+    rows = shape(tensor)[0]
+    data = np.array(tensor.data, dtype=np.uint8, copy=True).reshape(rows, -1, block_bytes)
+    return torch.from_numpy(data)
+
+
+def _half(raw: torch.Tensor) -> torch.Tensor:
+    """Two bytes per entry (the last axis) as fp16."""
+    return raw.contiguous().view(torch.float16).squeeze(-1)
+
+
+def int4_blocks(tensor) -> Int4Blocks | None:
+    """A Q4_0 / Q4_1 / Q4_K tensor's codes and scales as they are (None for another type)."""
+    type_ = type_name(tensor)
+    if type_ not in INT4_TYPES:
+        return None
+    rows, inputs = shape(tensor)
+    if type_ == "Q4_0":                       # d fp16, 16 bytes: low nibbles inputs 0-15, high 16-31
+        raw = _blocks(tensor, 18)
+        d = _half(raw[..., 0:2])
+        codes = _nibbles(raw[..., 2:18], 1)
+        minimum = d * -8                      # exact: a power of two (checked below for overflow)
+        if not torch.isfinite(minimum).all():
+            return None
+        return Int4Blocks(codes.reshape(rows, inputs), d, minimum)
+    if type_ == "Q4_1":                       # d, m fp16, 16 bytes as Q4_0
+        raw = _blocks(tensor, 20)
+        codes = _nibbles(raw[..., 4:20], 1)
+        return Int4Blocks(codes.reshape(rows, inputs), _half(raw[..., 0:2]), _half(raw[..., 2:4]))
+    # Q4_K: d, dmin fp16, 12 bytes of 6-bit sc/m, 128 bytes of codes
+    from gguf.quants import Q4_K
+
+    raw = _blocks(tensor, 144)
+    d, dmin = _half(raw[..., 0:2]).float(), _half(raw[..., 2:4]).float()
+    sc, m = (torch.from_numpy(np.ascontiguousarray(a)).float().view(rows, -1, 8)
+             for a in Q4_K.get_scale_min(raw[..., 4:16].reshape(-1, 12).numpy()))
+    codes = _nibbles(raw[..., 16:144], 4)           # 4 runs of 64: low nibbles 32 inputs, high 32
+    scale = (d[..., None] * sc).reshape(rows, -1)
+    minimum = -(dmin[..., None] * m).reshape(rows, -1)
+    return Int4Blocks(codes.reshape(rows, inputs), scale, minimum)
+
+
+def _nibbles(raw: torch.Tensor, runs: int) -> torch.Tensor:
+    """Codes of blocks whose bytes hold `runs` runs of 2·n inputs: byte i the i-th input of the run
+    in its low nibble and the (n + i)-th in its high one. [rows, blocks, inputs per block] uint8."""
+    rows, blocks, size = raw.shape
+    run = raw.reshape(rows, blocks, runs, size // runs)
+    return torch.stack((run & 0xF, run >> 4), dim=3).reshape(rows, blocks, -1)
+
+
+def int8_blocks(tensor) -> Int8Blocks | None:
+    """A Q8_0 tensor's codes and scales as they are (None for another type)."""
+    if type_name(tensor) != "Q8_0":
+        return None
+    rows, inputs = shape(tensor)
+    raw = _blocks(tensor, 34)
+    return Int8Blocks(raw[..., 2:34].contiguous().view(torch.int8).reshape(rows, inputs), _half(raw[..., 0:2]))
+
+
+def dequantized(tensor) -> torch.Tensor:
+    """The tensor's numbers in fp32, in torch's shape (gguf-py's dequantize)."""
+    from gguf.quants import dequantize
+
+    values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    return torch.from_numpy(np.array(values, dtype=np.float32, copy=True)).reshape(shape(tensor))
+
+
+def report(gguf, names: dict[str, str], sample: int = 2) -> list[str]:
+    """How `base add` keeps the file's tensors, one line per fate: the linears kept as they are,
+    those requantized at load (Q8_0, with the loss measured on up to `sample` tensors of each type,
+    beside what int4 would lose), and what is kept as plain parameters (dequantized exactly)."""
+    from zenedge.runtime import cpu_weights
+
+    kept_types, requantized, plain = {}, {}, {}
+    for tensor in gguf.tensors:
+        key = names.get(tensor.name)
+        if key is None:
+            continue
+        type_ = type_name(tensor)
+        linear = key.endswith(".weight") and len(shape(tensor)) == 2 and "embed" not in key
+        if linear and type_ in INT4_TYPES + INT8_TYPES:
+            kept_types[type_] = kept_types.get(type_, 0) + 1
+        elif linear:
+            requantized.setdefault(type_, []).append(tensor)
+        else:
+            plain[type_] = plain.get(type_, 0) + 1
+    lines = []
+    if kept_types:
+        lines.append("linears kept as the file has them: " + _counts(kept_types))
+    for type_, tensors in requantized.items():
+        errors = {"q8": [], "int4": []}
+        for tensor in tensors[:sample]:
+            weight = dequantized(tensor)
+            for fmt, cls in (("q8", cpu_weights.NativeInt8Weight), ("int4", cpu_weights.NativeInt4Weight)):
+                copy = cpu_weights.fast_copy(weight, fmt) if cls.fits(weight) else None
+                if copy is not None and hasattr(copy, "dequantized"):
+                    errors[fmt].append(float((copy.dequantized() - weight).norm() / weight.norm().clamp(min=1e-30)))
+        measured = ", ".join(f"{'Q8_0' if fmt == 'q8' else 'int4 would lose'} {100 * max(e):.2f}%"
+                             for fmt, e in errors.items() if e)
+        lines.append(f"linears requantized to Q8_0 at load: {len(tensors)} {type_}"
+                     + (f" (relative RMS error: {measured}; measured on {min(sample, len(tensors))})" if measured else ""))
+    if plain:
+        lines.append("kept as parameters (dequantized exactly): " + _counts(plain))
+    return lines
+
+
+def _counts(types: dict[str, int]) -> str:
+    return ", ".join(f"{count} {type_}" for type_, count in sorted(types.items(), key=lambda kv: -kv[1]))
+
+
+def stored_names(directory: Path) -> tuple[object, dict[str, str]] | None:
+    """(reader, {tensor name: parameter key}) of a GGUF-backed base directory (its config.json
+    names the model), or None where the directory holds no GGUF file or its names do not map."""
+    path = Path(directory) / FILENAME
+    if not path.is_file():
+        return None
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        keys = [k for k, _ in AutoModelForCausalLM.from_config(config).named_parameters()]
+    gguf = reader(path)
+    names = parameter_names(gguf, keys)
+    return (gguf, names) if names is not None else None
+
+
+def shapes(path: Path) -> list[tuple[int, ...]]:
+    """Every tensor's shape (torch's order), from the file's tensor table."""
+    return [shape(t) for t in reader(path).tensors]
