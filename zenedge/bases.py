@@ -141,19 +141,44 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
                  "(User: … / Assistant:)")
 
 
-def gguf_architecture(path: Path) -> str:
+def gguf_architecture(path: Path, reader=None) -> str:
     """The file's `general.architecture`, after checking that it is a GGUF file at all (read
-    through the `gguf` package's memory map: the header and tensor table only)."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:   # a truncated or foreign file fails in many ways: one line for all
-        raise InvalidInput(f"{path.name} is not a readable GGUF file: {_one_line(exc)}") from None
+    through the `gguf` package's memory map: the header and tensor table only; `reader`: that
+    parse, made already by read_gguf)."""
+    reader = reader if reader is not None else read_gguf(path)
     field = reader.fields.get("general.architecture")
     if field is None or not field.data:
         raise InvalidInput(f"{path.name} names no architecture (its `general.architecture` is missing)")
     return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+
+
+def read_gguf(path: Path):
+    """gguf-py's reader of the file, or one `error:` line for a file it cannot parse."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except Exception as exc:   # a truncated or foreign file fails in many ways: one line for all
+        raise InvalidInput(f"{path.name} is not a readable GGUF file: {_one_line(exc)}") from None
+
+
+@contextlib.contextmanager
+def _parsed_once(path: Path, reader):
+    """transformers' GGUF config and tokenizer loaders each parse the whole file again, and
+    gguf-py's parse of a 49k-token vocabulary takes about 4 s: while they run, hand them the one
+    parse made here (they import `gguf.GGUFReader` when called)."""
+    import gguf
+
+    original = gguf.GGUFReader
+
+    def reuse(file, *args, **kwargs):
+        return reader if Path(file).resolve() == path.resolve() and not args and not kwargs else original(file, *args, **kwargs)
+
+    gguf.GGUFReader = reuse
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def _one_line(exc: BaseException) -> str:
@@ -206,14 +231,15 @@ def _add_gguf_as_is(store: Store, gguf_path: Path, name: str, *, aliases: list[s
 
     from zenedge import gguf_file
 
-    architecture = gguf_architecture(gguf_path)
+    reader = read_gguf(gguf_path)
+    architecture = gguf_architecture(gguf_path, reader)
     if architecture not in gguf_file.ARCHITECTURES:
         return None
     with ThreadPoolExecutor(1) as pool:
         digest = pool.submit(file_sha256, gguf_path)     # hashing (GIL released) beside the parsing
         with tempfile.TemporaryDirectory(dir=store.blobs.tmp) as staging:
             folder = Path(staging) / "base"
-            described = _describe_gguf(gguf_path, folder, architecture, progress)
+            described = _describe_gguf(gguf_path, reader, folder, architecture, progress)
             if described is None:
                 return None
             modules, report = described
@@ -227,7 +253,7 @@ def _add_gguf_as_is(store: Store, gguf_path: Path, name: str, *, aliases: list[s
                                   source=str(gguf_path.resolve()), weights_sha256=sha, move=True)
 
 
-def _describe_gguf(gguf_path: Path, out_dir: Path, architecture: str,
+def _describe_gguf(gguf_path: Path, reader, out_dir: Path, architecture: str,
                    progress: Callable[[str], None] | None) -> tuple[dict[str, list[int]], list[str]] | None:
     """Write the config, generation config and tokenizer the file describes into `out_dir`; return
     ({linear module: [out, in]}, lines reporting how its tensors are kept), or None where its
@@ -241,18 +267,18 @@ def _describe_gguf(gguf_path: Path, out_dir: Path, architecture: str,
     if progress:
         progress(f"reading config and tokenizer ({architecture})")
     try:
-        with _quiet_progress_bars(progress is not None):
+        with _quiet_progress_bars(progress is not None), _parsed_once(gguf_path, reader):
             config = AutoConfig.from_pretrained(folder, gguf_file=filename)
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise InvalidInput(f"{filename} ({architecture}) cannot be loaded: {_one_line(exc)}") from None
     with torch.device("meta"):
         keys = [k for k, _ in AutoModelForCausalLM.from_config(config).named_parameters()]
-    reader = gguf_file.reader(gguf_path)
-    names = gguf_file.parameter_names(reader, keys)
+    table = gguf_file.reader(gguf_path)
+    names = gguf_file.parameter_names(table, keys)
     if names is None:
         return None
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in table.tensors}
     modules = {key.removesuffix(".weight"): list(gguf_file.shape(tensors[name]))
                for name, key in names.items() if key.endswith(".weight") and len(gguf_file.shape(tensors[name])) == 2}
     config.__dict__.pop("quantization_config", None)
@@ -260,7 +286,7 @@ def _describe_gguf(gguf_path: Path, out_dir: Path, architecture: str,
     config.save_pretrained(out_dir)
     GenerationConfig.from_model_config(config).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    report = gguf_file.report(reader, names)
+    report = gguf_file.report(table, names)
     if not getattr(tokenizer, "chat_template", None):
         report.append("note: the file has no chat template; chats with this base use zenedge's plain prompt "
                       "(User: … / Assistant:)")
@@ -297,7 +323,10 @@ def ensure_base(store: Store, name: str | None = None,
         if row is None:
             if progress:
                 progress(f"setting up the base {DEFAULT_BASE} (first use, about 30 s)")
-            row = add_gguf(store, gguf, DEFAULT_BASE, aliases=DEFAULT_BASE_ALIASES, progress=progress)
+            # converted to safetensors, not kept as its GGUF file: BitDelta compression and merged
+            # exports read the default base's checkpoint (gguf_file.py keeps other GGUF bases)
+            row = add_gguf(store, gguf, DEFAULT_BASE, aliases=DEFAULT_BASE_ALIASES, progress=progress,
+                           keep_quantized=False)
         return row
 
 

@@ -30,12 +30,13 @@ DECODE_TOKENS = 64
 
 
 def run(base_dir: Path, *, reference: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from zenedge import bases
     from zenedge.bench.throughput import machine
     from zenedge.runtime.model import resident_bytes
 
     base_dir = Path(base_dir)
     params, _ = resident_bytes(base_dir, __import__("torch").float32, "int4")
-    source = sum(p.stat().st_size for p in base_dir.glob("*.safetensors"))
+    source = sum(p.stat().st_size for p in bases.weights_files(base_dir))
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "base_dir": str(base_dir),
                               "parameters": params, "source_bytes": source, "loads": {}}
     with tempfile.TemporaryDirectory(prefix="zenedge-bench-resident-") as tmp:
