@@ -36,6 +36,15 @@ def outputs(lib) -> dict[str, torch.Tensor]:
         assert lib.zenedge_int4_gemm(x.data_ptr(), codes.data_ptr(), block_scale.data_ptr(), block_zero.data_ptr(),
                                      y.data_ptr(), m, rows, inputs) == 0
         found[f"int4 {m}"] = y
+    for dtype in (torch.float16, torch.float32):      # a GGUF file's scales: W = q·s + m
+        codes, block_scale, block_zero = native.int4_layout(q, scale.to(dtype), zero.to(dtype))
+        for m in (1, 6):
+            x = torch.randn(m, inputs, generator=g) * 3
+            y = torch.empty(m, rows)
+            assert lib.zenedge_int4_gemm_scaled(x.data_ptr(), codes.data_ptr(), block_scale.data_ptr(),
+                                                block_zero.data_ptr(), y.data_ptr(), m, rows, inputs,
+                                                native.SCALE_KINDS[dtype]) == 0
+            found[f"int4 {dtype} {m}"] = y
     rows8 = 37                                        # a partial last block
     codes8 = torch.randint(-127, 128, (rows8, 96), generator=g, dtype=torch.int8)
     scale8 = (torch.rand(rows8, 3, generator=g) * 0.01).half()
