@@ -192,3 +192,12 @@ def test_convert_keeps_the_old_safetensors_path(isolated_home, tiny_file):
     row = bases.add_gguf(store, tiny_file, "tiny-converted", keep_quantized=False)
     directory = store.home / row["dir"]
     assert list(directory.glob("*.safetensors")) and not (directory / gguf_file.FILENAME).exists()
+
+
+def test_bench_takes_a_registered_base_by_name(isolated_home, tmp_path):
+    from tests.conftest import run_cli
+
+    unknown = run_cli("bench", "resident", "--base", "nope")
+    assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1 and "base 'nope' is not registered" in unknown.stderr
+    both = run_cli("bench", "run", "--base", "nope", "--base-dir", str(tmp_path))
+    assert both.returncode == 2 and "give --base or --base-dir, not both" in both.stderr

@@ -161,7 +161,6 @@ def reader(path: Path) -> Table:
         entries.append((name, dims, gguf_py.GGMLQuantizationType(take("<I")), take("<Q")))
     alignment = int(fields.get("general.alignment") or gguf_py.GGUF_DEFAULT_ALIGNMENT)
     start = -(-at // alignment) * alignment
-    del buffer, data                           # the header's pages: the map goes with them
     tensors = []
     for name, dims, kind, offset in entries:
         block, size = gguf_py.GGML_QUANT_SIZES[kind]

@@ -24,6 +24,23 @@ def _progress(message: str) -> None:
     click.echo(f"[bench] {message}", err=True)
 
 
+base_option = click.option("--base", "base_name", default=None, metavar="NAME",
+                           help="A registered base (`zenedge base list`) instead of a directory.")
+
+
+def _base_dir(base_name: str | None, base_dir: Path | None) -> Path | None:
+    """The directory to measure: --base-dir as given, or a registered base's store directory."""
+    if base_name is None:
+        return base_dir
+    if base_dir is not None:
+        raise click.UsageError("give --base or --base-dir, not both")
+    from zenedge import bases
+    from zenedge.cli.context import open_store
+
+    store = open_store()
+    return store.home / bases.ensure_base(store, base_name, progress=_progress)["dir"]
+
+
 @bench.command("run")
 @click.option("--tokens", type=click.IntRange(2, 4096), default=64, show_default=True, help="New tokens per generation.")
 @click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True, help="Interleaved rounds (medians).")
@@ -31,6 +48,7 @@ def _progress(message: str) -> None:
 @load_option
 @click.option("--base-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
               help="A Hugging Face directory to use instead of the store's default base.")
+@base_option
 @click.option("--llama-bench", "llama_bench", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               default=None, help="A built llama.cpp llama-bench: its decode of the same GGUF as peer rows "
                                  "(default: $ZENEDGE_LLAMA_BENCH; none: the rows are skipped).")
@@ -39,7 +57,7 @@ def _progress(message: str) -> None:
                    "avx2 on an AVX-512 machine to measure what laptops without AVX-512 get.")
 @json_option
 def run(tokens: int, repeats: int, threads: int | None, background_load: int, base_dir: Path | None,
-        llama_bench: Path | None, isa: str | None, json_out: bool) -> None:
+        base_name: str | None, llama_bench: Path | None, isa: str | None, json_out: bool) -> None:
     """Decode throughput: transformers' generate vs zenedge (base, LoRA, BitDelta packed and dense,
     batches of 2-16 rows of the base and of mixed variants, each against one base row), llama.cpp
     on the same GGUF when given, switch and cold-load times, bytes per token against the copy
@@ -52,6 +70,7 @@ def run(tokens: int, repeats: int, threads: int | None, background_load: int, ba
     from zenedge.bench.report import markdown, targets
     from zenedge.bench.throughput import Options, run_bench
 
+    base_dir = _base_dir(base_name, base_dir)
     with held(background_load):
         result = run_bench(Options(tokens=tokens, repeats=repeats, threads=threads, base_dir=base_dir,
                                    llama_bench=llama_bench), _progress)
@@ -219,15 +238,20 @@ def load(background_load: int, rounds: int, out: Path | None, json_out: bool) ->
 
 
 @bench.command("resident")
-@click.option("--base-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
-              help="A Hugging Face directory (e.g. one tools/real_size_base.py built).")
+@click.option("--base-dir", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="A Hugging Face directory (e.g. one tools/real_size_base.py built) or a base's store directory.")
+@base_option
 @click.option("--reference", is_flag=True, help="Also load it as fp32 weights (transformers' own load), for comparison.")
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the result as JSON here.")
 @json_option
-def resident(base_dir: Path, reference: bool, out: Path | None, json_out: bool) -> None:
+def resident(base_dir: Path | None, base_name: str | None, reference: bool, out: Path | None, json_out: bool) -> None:
     """A base's memory and load time, each load in a fresh process: quantizing from the source,
     then from its resident file (and fp32 with --reference); decode and prefill after each."""
     from zenedge.bench import resident as measured
+
+    base_dir = _base_dir(base_name, base_dir)
+    if base_dir is None:
+        raise click.UsageError("give --base NAME or --base-dir DIR")
 
     _report(measured.run(base_dir, reference=reference, log=_progress), out, json_out, measured.table)
 
