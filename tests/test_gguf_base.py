@@ -201,3 +201,29 @@ def test_bench_takes_a_registered_base_by_name(isolated_home, tmp_path):
     assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1 and "base 'nope' is not registered" in unknown.stderr
     both = run_cli("bench", "run", "--base", "nope", "--base-dir", str(tmp_path))
     assert both.returncode == 2 and "give --base or --base-dir, not both" in both.stderr
+
+
+def test_bitdelta_compresses_against_a_gguf_base_read_tensor_by_tensor(isolated_home, tiny_file, tmp_path):
+    """The compressor reads the GGUF base's numbers a tensor at a time (exactly transformers' own
+    dequantization, rows in the model's order) and compresses a fine-tune of it."""
+    from transformers import AutoModelForCausalLM
+
+    from zenedge.bench.variants import save_weights
+    from zenedge.bitdelta import compress_model
+    from zenedge.bitdelta.compressor import _checkpoint
+
+    store = Store(isolated_home)
+    directory = store.home / bases.add_gguf(store, tiny_file, "tiny-gguf")["dir"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_file.parent, gguf_file=tiny_file.name, dtype=torch.float32)
+    base = _checkpoint(directory)
+    for name, param in model.named_parameters():
+        if name in base.where:
+            assert torch.equal(base.get(name), param), name
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim == 2 and ".layers." in name:
+                param.add_(1e-3 * torch.randn_like(param))
+    save_weights(model, tmp_path / "tuned")
+    report = compress_model(directory, tmp_path / "tuned", tmp_path / "tuned.bitdelta")
+    assert report.modules_compressed == 7 * tiny_gguf.LAYERS and report.extra_tensors == 0

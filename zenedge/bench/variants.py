@@ -45,8 +45,21 @@ def make_bitdelta(base_dir: Path, work: Path, out: Path, *, seed: int, scale: fl
             if param.ndim == 2 and ".layers." in name:
                 param.add_(scale * torch.randn_like(param))
     tuned = work / f"finetuned-{seed}"
-    model.save_pretrained(tuned)
+    save_weights(model, tuned)
     compress_model(base_dir, tuned, out, base_sha256=base_sha256)
+    return out
+
+
+def save_weights(model, out: Path) -> Path:
+    """The model's weights as one safetensors file (what the compressor reads). Not
+    `save_pretrained`: a model transformers loaded from a GGUF file refuses it."""
+    from safetensors.torch import save_file
+
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)          # the embedding's own tensor
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 

@@ -53,10 +53,6 @@ class _Checkpoint:
     def __init__(self, directory: str | os.PathLike):
         self.dir = Path(directory)
         self.files = sorted(self.dir.glob("*.safetensors"))
-        if not self.files and (self.dir / "model.gguf").is_file():
-            raise CheckpointMismatch(f"{self.dir}: the base is stored as a GGUF file; BitDelta compression needs "
-                                     "its safetensors (add the base from a Hugging Face directory, or with "
-                                     "`zenedge base add FILE.gguf --convert`)")
         if not self.files:
             raise CheckpointMismatch(f"{self.dir}: no .safetensors files")
         self._handles = {}
@@ -83,6 +79,49 @@ class _Checkpoint:
         self._handles.clear()
 
 
+class _GgufCheckpoint:
+    """_Checkpoint's reads from a base stored as its GGUF file (zenedge/gguf_file.py): each tensor
+    dequantized on its own, named and with its rows ordered as in the model (a layer at a time,
+    never the whole model in fp32)."""
+
+    def __init__(self, directory: Path):
+        from zenedge import gguf_file
+
+        stored = gguf_file.stored_names(directory)
+        if stored is None:
+            raise CheckpointMismatch(f"{directory}: its GGUF file's tensors do not name the model's parameters")
+        self.table, names = stored
+        self.files = [Path(directory) / gguf_file.FILENAME]
+        self.where = {names[t.name]: t for t in self.table.tensors if t.name in names}
+        config = json.loads((Path(directory) / "config.json").read_text())
+        self.heads = config["num_attention_heads"]
+        self.kv_heads = config.get("num_key_value_heads") or self.heads
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        from zenedge import gguf_file
+
+        return gguf_file.shape(self.where[name])
+
+    def get(self, name: str) -> torch.Tensor:
+        from zenedge import gguf_file
+
+        weight = gguf_file.dequantized(self.where[name])
+        order = gguf_file.row_order(self.table, name, weight.shape[0], self.heads, self.kv_heads)
+        return weight[order] if order is not None else weight
+
+    def close(self) -> None:
+        pass
+
+
+def _checkpoint(directory: str | os.PathLike):
+    """A checkpoint directory's reader: safetensors, or a base stored as its GGUF file."""
+    from zenedge.gguf_file import FILENAME
+
+    if (Path(directory) / FILENAME).is_file() and not any(Path(directory).glob("*.safetensors")):
+        return _GgufCheckpoint(Path(directory))
+    return _Checkpoint(directory)
+
+
 def _relative_error(delta: torch.Tensor, packed: torch.Tensor, alpha: torch.Tensor) -> float:
     norm = float(delta.norm())
     if norm == 0.0:
@@ -94,7 +133,7 @@ def _relative_error(delta: torch.Tensor, packed: torch.Tensor, alpha: torch.Tens
 def compress_model(base_dir: str | os.PathLike, finetuned_dir: str | os.PathLike, out_path: str | os.PathLike, *,
                    progress: ProgressFn | None = None, base_sha256: str | None = None) -> CompressionReport:
     """Write ``out_path`` (.bitdelta safetensors) holding ``finetuned − base``; see the module doc."""
-    base, tuned = _Checkpoint(base_dir), _Checkpoint(finetuned_dir)
+    base, tuned = _checkpoint(base_dir), _Checkpoint(finetuned_dir)
     writer = SafetensorsStreamWriter(out_path)
     try:
         modules, extras, errors = [], [], []

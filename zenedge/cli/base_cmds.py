@@ -36,7 +36,7 @@ def list_(json_out: bool) -> None:
 @click.option("--alias", multiple=True, help="Other names adapters may use for it.")
 @click.option("--convert", is_flag=True,
               help="GGUF: dequantize into fp32 safetensors instead of storing the file as it is "
-                   "(what BitDelta compression and merged exports of its variants need).")
+                   "(what merged exports of its variants need).")
 def add(path: Path, name: str | None, alias: tuple[str, ...], convert: bool) -> None:
     """Register a Hugging Face model directory or a GGUF file.
 
