@@ -71,6 +71,10 @@ def test_q8_0_blocks_are_gguf_dequantize_bit_for_bit():
         assert torch.equal(cpu_weights.NativeInt8Weight.from_codes(blocks.codes, blocks.scale).dequantized(), reference)
 
 
+def test_the_stored_file_name_is_one_name():
+    assert bases.GGUF_FILE == gguf_file.FILENAME
+
+
 def test_other_types_have_no_kept_blocks():
     tensor = _random_blocks("Q8_0", 16, 64, seed=3)
     assert gguf_file.int4_blocks(tensor) is None

