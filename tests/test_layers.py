@@ -16,7 +16,7 @@ LAYERS = {
     "zenedge.files": 0, "zenedge.durations": 0, "zenedge.digests": 0, "zenedge.lazy_exports": 0,
     "zenedge.dependencies": 0,
     "zenedge.store": 1, "zenedge.adapters": 1, "zenedge.bitdelta": 1, "zenedge.merge": 1, "zenedge.kernels": 1,
-    "zenedge.api": 1,
+    "zenedge.api": 1, "zenedge.gguf_file": 1,
     "zenedge.bases": 2, "zenedge.runtime": 2, "zenedge.registry": 2, "zenedge.evaluation": 2,
     "zenedge.pool": 3,
     "zenedge.server": 5, "zenedge.bench": 5,

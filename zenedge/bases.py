@@ -287,11 +287,55 @@ def _describe_gguf(gguf_path: Path, reader, out_dir: Path, architecture: str,
     config.save_pretrained(out_dir)
     GenerationConfig.from_model_config(config).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    report = gguf_file.report(table, names)
+    report = _gguf_report(table, names)
     if not getattr(tokenizer, "chat_template", None):
         report.append("note: the file has no chat template; chats with this base use zenedge's plain prompt "
                       "(User: … / Assistant:)")
     return modules, report
+
+
+def _gguf_report(gguf, names: dict[str, str], sample: int = 2) -> list[str]:
+    """How `base add` keeps the file's tensors, one line per fate: the linears kept as they are,
+    those requantized at load (Q8_0, with the loss measured on up to `sample` tensors of each type,
+    beside what int4 would lose), and what is kept as plain parameters (dequantized exactly)."""
+    from zenedge import gguf_file
+    from zenedge.runtime import cpu_weights
+
+    kept_types, requantized, plain = {}, {}, {}
+    for tensor in gguf.tensors:
+        key = names.get(tensor.name)
+        if key is None:
+            continue
+        type_ = gguf_file.type_name(tensor)
+        linear = key.endswith(".weight") and len(gguf_file.shape(tensor)) == 2 and "embed" not in key
+        if linear and type_ in gguf_file.INT4_TYPES + gguf_file.INT8_TYPES:
+            kept_types[type_] = kept_types.get(type_, 0) + 1
+        elif linear:
+            requantized.setdefault(type_, []).append(tensor)
+        else:
+            plain[type_] = plain.get(type_, 0) + 1
+    lines = []
+    if kept_types:
+        lines.append("linears kept as the file has them: " + _type_counts(kept_types))
+    for type_, tensors in requantized.items():
+        errors = {"q8": [], "int4": []}
+        for tensor in tensors[:sample]:
+            weight = gguf_file.dequantized(tensor)
+            for fmt, cls in (("q8", cpu_weights.NativeInt8Weight), ("int4", cpu_weights.NativeInt4Weight)):
+                copy = cpu_weights.fast_copy(weight, fmt) if cls.fits(weight) else None
+                if copy is not None and hasattr(copy, "dequantized"):
+                    errors[fmt].append(float((copy.dequantized() - weight).norm() / weight.norm().clamp(min=1e-30)))
+        measured = ", ".join(f"{'Q8_0' if fmt == 'q8' else 'int4 would lose'} {100 * max(e):.2f}%"
+                             for fmt, e in errors.items() if e)
+        lines.append(f"linears requantized to Q8_0 at load: {len(tensors)} {type_}"
+                     + (f" (relative RMS error: {measured}; measured on {min(sample, len(tensors))})" if measured else ""))
+    if plain:
+        lines.append("kept as parameters (dequantized exactly): " + _type_counts(plain))
+    return lines
+
+
+def _type_counts(types: dict[str, int]) -> str:
+    return ", ".join(f"{count} {type_}" for type_, count in sorted(types.items(), key=lambda kv: -kv[1]))
 
 
 def default_base_gguf() -> Path:

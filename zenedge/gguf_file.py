@@ -308,49 +308,6 @@ def dequantized(tensor) -> torch.Tensor:
     return out
 
 
-def report(gguf, names: dict[str, str], sample: int = 2) -> list[str]:
-    """How `base add` keeps the file's tensors, one line per fate: the linears kept as they are,
-    those requantized at load (Q8_0, with the loss measured on up to `sample` tensors of each type,
-    beside what int4 would lose), and what is kept as plain parameters (dequantized exactly)."""
-    from zenedge.runtime import cpu_weights
-
-    kept_types, requantized, plain = {}, {}, {}
-    for tensor in gguf.tensors:
-        key = names.get(tensor.name)
-        if key is None:
-            continue
-        type_ = type_name(tensor)
-        linear = key.endswith(".weight") and len(shape(tensor)) == 2 and "embed" not in key
-        if linear and type_ in INT4_TYPES + INT8_TYPES:
-            kept_types[type_] = kept_types.get(type_, 0) + 1
-        elif linear:
-            requantized.setdefault(type_, []).append(tensor)
-        else:
-            plain[type_] = plain.get(type_, 0) + 1
-    lines = []
-    if kept_types:
-        lines.append("linears kept as the file has them: " + _counts(kept_types))
-    for type_, tensors in requantized.items():
-        errors = {"q8": [], "int4": []}
-        for tensor in tensors[:sample]:
-            weight = dequantized(tensor)
-            for fmt, cls in (("q8", cpu_weights.NativeInt8Weight), ("int4", cpu_weights.NativeInt4Weight)):
-                copy = cpu_weights.fast_copy(weight, fmt) if cls.fits(weight) else None
-                if copy is not None and hasattr(copy, "dequantized"):
-                    errors[fmt].append(float((copy.dequantized() - weight).norm() / weight.norm().clamp(min=1e-30)))
-        measured = ", ".join(f"{'Q8_0' if fmt == 'q8' else 'int4 would lose'} {100 * max(e):.2f}%"
-                             for fmt, e in errors.items() if e)
-        lines.append(f"linears requantized to Q8_0 at load: {len(tensors)} {type_}"
-                     + (f" (relative RMS error: {measured}; measured on {min(sample, len(tensors))})" if measured else ""))
-    if plain:
-        lines.append("kept as parameters (dequantized exactly): " + _counts(plain))
-    return lines
-
-
-def _counts(types: dict[str, int]) -> str:
-    return ", ".join(f"{count} {type_}" for type_, count in sorted(types.items(), key=lambda kv: -kv[1]))
-
-
 def stored_names(directory: Path) -> tuple[object, dict[str, str]] | None:
     """(reader, {tensor name: parameter key}) of a GGUF-backed base directory (its config.json
     names the model), or None where the directory holds no GGUF file or its names do not map."""
