@@ -81,19 +81,14 @@ def test_other_types_have_no_kept_blocks():
     assert gguf_file.int8_blocks(_random_blocks("Q4_0", 16, 64, seed=3)) is None
 
 
-def test_row_order_undoes_llama_cpp_permutation(tmp_path):
-    class Reader:
-        fields, tensors = {}, []
+def test_row_order_undoes_llama_cpp_permutation():
+    llama, qwen = (gguf_file.Table({"general.architecture": arch}, []) for arch in ("llama", "qwen2"))
     weights = np.arange(64 * 3).reshape(64, 3)
     for key, heads in (("model.layers.0.self_attn.q_proj.weight", 8), ("model.layers.0.self_attn.k_proj.weight", 2)):
-        permuted = tiny_gguf.permute(weights, heads)
-        gguf_file_arch = gguf_file.architecture
-        try:
-            gguf_file.architecture = lambda _: "llama"
-            order = gguf_file.row_order(Reader(), key, 64, heads=8, kv_heads=2)
-        finally:
-            gguf_file.architecture = gguf_file_arch
-        assert np.array_equal(permuted[order.numpy()], weights)
+        order = gguf_file.row_order(llama, key, 64, heads=8, kv_heads=2)
+        assert np.array_equal(tiny_gguf.permute(weights, heads)[order.numpy()], weights)
+        assert gguf_file.row_order(qwen, key, 64, heads=8, kv_heads=2) is None     # qwen's converter permutes nothing
+    assert gguf_file.row_order(llama, "model.layers.0.self_attn.v_proj.weight", 64, heads=8, kv_heads=2) is None
 
 
 @pytest.fixture(scope="module")

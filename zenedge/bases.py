@@ -321,9 +321,9 @@ def _gguf_report(gguf, names: dict[str, str], sample: int = 2) -> list[str]:
         errors = {"q8": [], "int4": []}
         for tensor in tensors[:sample]:
             weight = gguf_file.dequantized(tensor)
-            for fmt, cls in (("q8", cpu_weights.NativeInt8Weight), ("int4", cpu_weights.NativeInt4Weight)):
-                copy = cpu_weights.fast_copy(weight, fmt) if cls.fits(weight) else None
-                if copy is not None and hasattr(copy, "dequantized"):
+            for fmt in errors:
+                copy = cpu_weights.fast_copy(weight, fmt)
+                if copy is not None and hasattr(copy, "dequantized"):   # (not a packed bf16 fallback)
                     errors[fmt].append(float((copy.dequantized() - weight).norm() / weight.norm().clamp(min=1e-30)))
         measured = ", ".join(f"{'Q8_0' if fmt == 'q8' else 'int4 would lose'} {100 * max(e):.2f}%"
                              for fmt, e in errors.items() if e)

@@ -36,7 +36,6 @@ FILENAME = "model.gguf"             # a GGUF-backed base's weights, in its store
 ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False, "qwen3": False}
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 INT8_TYPES = ("Q8_0",)
-PLAIN_TYPES = ("F32", "F16", "BF16")
 IGNORED = ("rope_freqs.weight",)
 # What a decoder linear of another type (Q5_0, Q6_K, …) is requantized to at load: Q8_0, whose loss
 # is a tenth of int4's (`base add` reports it per type)
@@ -190,11 +189,6 @@ def type_name(tensor) -> str:
 def shape(tensor) -> tuple[int, ...]:
     """[rows, inputs] in torch's order (GGUF lists the innermost dimension first)."""
     return tuple(int(n) for n in reversed(tensor.shape.tolist()))
-
-
-def kept(type_: str) -> bool:
-    """Whether tensors of this type are kept as the file has them (else dequantized)."""
-    return type_ in INT4_TYPES + INT8_TYPES + PLAIN_TYPES
 
 
 def parameter_names(gguf, keys: Iterable[str]) -> dict[str, str] | None:

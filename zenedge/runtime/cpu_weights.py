@@ -221,8 +221,13 @@ class NativeInt4Weight(CpuWeight):
 
     @classmethod
     def fits(cls, weight: torch.Tensor) -> bool:
-        return weight.shape[1] % 64 == 0 and weight.shape[1] <= native.MAX_INPUTS \
-            and weight.shape[0] % native.BLOCK_ROWS == 0 and native.int4_gemm() is not None
+        return cls.fits_shape(*weight.shape)
+
+    @staticmethod
+    def fits_shape(rows: int, inputs: int) -> bool:
+        """Whether the kernel builds here and takes a [rows, inputs] weight."""
+        return inputs % 64 == 0 and inputs <= native.MAX_INPUTS and rows % native.BLOCK_ROWS == 0 \
+            and native.int4_gemm() is not None
 
     def _matmul(self, flat):
         if flat.shape[-1] != self.inputs:   # the kernel trusts its shapes: check them here
@@ -348,9 +353,13 @@ class NativeInt8Weight(CpuWeight):
 
     @classmethod
     def fits(cls, weight: torch.Tensor) -> bool:
-        return weight.shape[1] % cls.GROUP == 0 and weight.shape[1] <= native.MAX_INPUTS \
-            and bool(weight.detach().abs().amax() < 127 * torch.finfo(torch.float16).max) \
-            and native.int8_gemm() is not None
+        return cls.fits_shape(*weight.shape) \
+            and bool(weight.detach().abs().amax() < 127 * torch.finfo(torch.float16).max)
+
+    @classmethod
+    def fits_shape(cls, rows: int, inputs: int) -> bool:
+        """Whether the kernel builds here and takes a weight of `inputs` inputs (any rows)."""
+        return inputs % cls.GROUP == 0 and inputs <= native.MAX_INPUTS and native.int8_gemm() is not None
 
     def _matmul(self, flat):
         if flat.shape[-1] != self.inputs:   # the kernel trusts its shapes: check them here

@@ -182,21 +182,15 @@ def _kept_copy(tensor, order: torch.Tensor | None) -> cpu_weights.CpuWeight | No
     """The C kernels' copy of a GGUF tensor holding its own codes and scales, rows in the model's
     order; None where its type or shape has no such copy."""
     rows, inputs = gguf_file.shape(tensor)
-    int4 = gguf_file.int4_blocks(tensor) if cpu_weights.NativeInt4Weight.fits(torch.empty((rows, inputs), device="meta")) else None
+    int4 = gguf_file.int4_blocks(tensor) if cpu_weights.NativeInt4Weight.fits_shape(rows, inputs) else None
     if int4 is not None:
         parts = [t[order] if order is not None else t for t in (int4.codes, int4.scale, int4.minimum)]
         return cpu_weights.NativeInt4Weight.from_codes(*parts)
-    int8 = gguf_file.int8_blocks(tensor) if _native_int8_fits(inputs) else None
+    int8 = gguf_file.int8_blocks(tensor) if cpu_weights.NativeInt8Weight.fits_shape(rows, inputs) else None
     if int8 is not None:
         parts = [t[order] if order is not None else t for t in (int8.codes, int8.scale)]
         return cpu_weights.NativeInt8Weight.from_codes(*parts)
     return None
-
-
-def _native_int8_fits(inputs: int) -> bool:
-    from zenedge.kernels import native
-
-    return inputs % cpu_weights.NativeInt8Weight.GROUP == 0 and inputs <= native.MAX_INPUTS and native.int8_gemm() is not None
 
 
 def _owners(model: nn.Module) -> dict[str, tuple[nn.Module, str, VariantLinear | None]]:
