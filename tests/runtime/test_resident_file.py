@@ -92,3 +92,43 @@ def test_the_file_is_plain_safetensors_with_the_kernels_layout(tmp_path):
         codes = f.get_tensor("model.layers.1.mlp.down_proj.fast.codes")
         assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()   # tied
     assert torch.equal(codes, resident.model.model.layers[1].mlp.down_proj.fast.codes)
+
+
+def test_the_file_is_read_in_place_stacked_and_settled(tmp_path, monkeypatch):
+    """The copies land where `settle` would put them: each q/k/v group one stacked copy whose parts
+    are views of its rows, nothing moved after the read."""
+    from zenedge.runtime import cpu_weights
+
+    base = make_tiny_base(tmp_path / "base")
+    cache = ResidentCache(base / "resident", source="digest-1")
+    first = load_resident("tiny", base, CPU, torch.float32, "int4", cache)
+    moved = []
+    monkeypatch.setattr(cpu_weights, "settled_block", lambda specs, original=cpu_weights.settled_block:
+                        moved.append(len(specs)) or original(specs))
+    second = load_resident("tiny", base, CPU, torch.float32, "int4", cache)
+    assert len(moved) == 2 and moved[1] == 0          # the read's block; settle found nothing to move
+    attention = second.model.model.layers[0].self_attn
+    parts = [attention.q_proj.fast, attention.k_proj.fast, attention.v_proj.fast]
+    whole = cpu_weights.stacked(parts)
+    assert whole.codes.data_ptr() == parts[0].codes.data_ptr()
+    assert parts[1].codes.data_ptr() == parts[0].codes.data_ptr() + parts[0].codes.numel()
+    x = torch.randn(3, parts[0].inputs)
+    assert torch.equal(whole.linear(x, None), torch.cat([p.linear(x, None) for p in parts], dim=-1))
+    ids = torch.randint(3, 200, (2, 9))
+    assert torch.equal(_logits(first, ids), _logits(second, ids))
+
+
+def test_a_thread_that_cannot_start_reads_in_the_caller(tmp_path, monkeypatch):
+    import threading
+
+    base = make_tiny_base(tmp_path / "base")
+    cache = ResidentCache(base / "resident", source="digest-1")
+    first = load_resident("tiny", base, CPU, torch.float32, "int4", cache)
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    _no_quantizing(monkeypatch)
+    second = load_resident("tiny", base, CPU, torch.float32, "int4", cache)
+    ids = torch.randint(3, 200, (1, 7))
+    assert torch.equal(_logits(first, ids), _logits(second, ids))

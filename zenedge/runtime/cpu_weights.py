@@ -44,6 +44,7 @@ copies is `transforms.convert_model`; the head's wrapper module is `layers.FastL
 
 from __future__ import annotations
 
+import math
 import mmap
 import threading
 import weakref
@@ -485,34 +486,61 @@ _HUGE_PAGE = 2 << 20
 def settle(copies: dict) -> None:
     """{module name: its fast copy}: stack each q/k/v and gate/up group (`stacked`, as lean_llama
     will ask for them), then move the C kernels' copies into one block of 2 MB pages. Products are
-    unchanged (the same bytes, elsewhere). Where the OS gives no such pages, the copies stay put."""
+    unchanged (the same bytes, elsewhere). Where the OS gives no such pages, the copies stay put.
+    Copies already there (a resident file read in place: `settled_block`) are left alone."""
     natives = (NativeInt4Weight, NativeInt8Weight)
     stacked_in = {}                                       # id(part) → the stacked copy it is a view of
-    for names in _groups(copies):
+    for names in stack_groups(copies):
         parts = [copies[name] for name in names]
         made = stacked(parts) if all(type(p) is NativeInt4Weight for p in parts) else None
         stacked_in.update((id(p), made) for p in parts if made is not None)
     owners, seen = [], set()
     for copy in copies.values():
         owner = stacked_in.get(id(copy), copy)
-        if isinstance(owner, natives) and id(owner) not in seen:   # a stacked copy moves once, its parts with it
-            seen.add(id(owner))
+        if isinstance(owner, natives) and id(owner) not in seen and not getattr(owner, "settled", False):
+            seen.add(id(owner))                           # a stacked copy moves once, its parts with it
             owners.append(owner)
-    def aligned(t):
-        return -(-t.numel() * t.element_size() // 64) * 64              # 64-byte aligned
-    block = _huge_pages(sum(aligned(getattr(owner, name)) for owner in owners for name in owner.TENSORS))
+    block = settled_block([(getattr(owner, name).shape, getattr(owner, name).dtype)
+                           for owner in owners for name in owner.TENSORS])
     if block is None:
         return
-    at = 0
+    places = iter(block)
     for owner in owners:          # owner by owner, each old copy freed once moved: peak = one copy more
         for name in owner.TENSORS:
-            t = getattr(owner, name)
-            moved = block[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            moved.copy_(t)
+            moved = next(places)
+            moved.copy_(getattr(owner, name))
             setattr(owner, name, moved)
-            at += aligned(t)
         owner._moved()
+        owner.settled = True
         release_freed_memory()         # the old copy's pages back to the OS now, not at exit
+
+
+def settled_block(specs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor] | None:
+    """Fresh tensors of these (shape, dtype)s side by side in one block of 2 MB pages, each
+    64-byte aligned: where `settle` puts copies, and where a resident file is read straight into
+    (resident_file.py). None where the OS gives no such pages."""
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in specs]
+    block = _huge_pages(sum(_aligned(n) for n in sizes))
+    if block is None:
+        return None
+    tensors, at = [], 0
+    for (shape, dtype), size in zip(specs, sizes):
+        tensors.append(block[at:at + size].view(dtype).view(shape))
+        at += _aligned(size)
+    return tensors
+
+
+def adopt_stacked(whole: "NativeInt4Weight", parts: list["NativeInt4Weight"]) -> None:
+    """Make `whole` (its tensors hold the parts' rows in order, the parts' tensors views of them:
+    a resident file read in place) what `stacked(parts)` returns, with no copy made."""
+    with _stacking:
+        whole._parts = [weakref.ref(p) for p in parts]
+        whole._moved()
+        parts[0]._stacked = (tuple(parts[1:]), whole)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64
 
 
 def release_freed_memory() -> None:
@@ -536,8 +564,9 @@ def release_freed_memory() -> None:
 _trim = None
 
 
-def _groups(copies: dict):
-    """Names of each STACKED_GROUPS group found whole in `copies`, per parent module."""
+def stack_groups(copies: dict):
+    """Names of each STACKED_GROUPS group found whole in `copies` (keys: module names), per parent
+    module."""
     for parent in {name.rpartition(".")[0] for name in copies}:
         for group in STACKED_GROUPS:
             names = [f"{parent}.{child}" if parent else child for child in group]

@@ -53,16 +53,18 @@ def load_resident(name: str, directory: Path, device: torch.device, dtype: torch
     linears get fast matmul copies in the `weights` format (cpu_weights.py: packed bf16 when the
     dtype is bf16, int8 / int4 when asked). int8 / int4: `cache` is where the base's resident
     file is read from, or written after quantizing (resident_file.py)."""
+    check_memory(name, directory, dtype, weights if device.type == "cpu" else "full")
+    start = time.perf_counter()
+    quantized = device.type == "cpu" and weights in QUANTIZED
+    # the resident file is read while transformers, the tokenizer and the model's code load
+    reading = resident_file.start_reading(cache, weights, dtype) if quantized and cache is not None else None
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our CLI reports progress itself
     hf_logging.set_verbosity_error()
-    check_memory(name, directory, dtype, weights if device.type == "cpu" else "full")
-    start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    quantized = device.type == "cpu" and weights in QUANTIZED
-    loaded = load_quantized(directory, dtype, weights, cache) if quantized else None
+    loaded = load_quantized(directory, dtype, weights, reading) if quantized else None
     if loaded is not None:        # the decoder's linears as int4/int8 only
         model, state = loaded.model, loaded.state
     else:

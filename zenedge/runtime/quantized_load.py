@@ -28,7 +28,6 @@ from zenedge import gguf_file
 from zenedge.errors import InvalidAdapter
 from zenedge.runtime import cpu_weights, resident_file
 from zenedge.runtime.layers import VariantLinear, VariantState
-from zenedge.runtime.resident_file import ResidentCache
 from zenedge.runtime.transforms import HEAD_FORMATS, patch_model
 
 # Formats whose copy replaces the plain weight (a lossy copy: the resident keeps no other).
@@ -61,11 +60,12 @@ class QuantizedBase:
     from_file: bool       # whether it came from its resident file (else it was quantized now)
 
 
-def load_quantized(directory: Path, dtype: torch.dtype, fmt: str, cache: ResidentCache | None = None,
+def load_quantized(directory: Path, dtype: torch.dtype, fmt: str, reading: resident_file.Reading | None = None,
                    progress=None) -> QuantizedBase | None:
     """The base in `directory` with its decoder linears in `fmt` ("int4" / "int8") and no plain
-    copy of them, patched for variants (transforms.patch_model): read from its resident file
-    where `cache` holds a valid one, else quantized from the checkpoint tensor by tensor. None
+    copy of them, patched for variants (transforms.patch_model): from its resident file where
+    `reading` (resident_file.start_reading) read a valid one, else quantized from the checkpoint
+    tensor by tensor. None
     where the checkpoint does not map onto the model one to one. `progress(done, total)` after
     each source tensor."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
@@ -75,7 +75,7 @@ def load_quantized(directory: Path, dtype: torch.dtype, fmt: str, cache: Residen
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval().requires_grad_(False)
     state = patch_model(model, torch.device("cpu"))
-    copies = resident_file.load(model, cache, fmt, dtype) if cache is not None else None
+    copies = resident_file.load(model, reading)
     from_file = copies is not None
     if not from_file:
         tied = getattr(config, "tie_word_embeddings", False) or getattr(config.get_text_config(), "tie_word_embeddings", False)
