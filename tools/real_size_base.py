@@ -57,7 +57,7 @@ def build(shape: str, out: Path, seed: int = 0, max_positions: int = 8192) -> Pa
     tokenizer = default_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=max_positions, rms_norm_eps=1e-5,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         torch_dtype="bfloat16", **SHAPES[shape])
+                         torch_dtype="bfloat16", architectures=["LlamaForCausalLM"], **SHAPES[shape])
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()

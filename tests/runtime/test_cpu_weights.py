@@ -168,6 +168,9 @@ def test_settle_stacks_the_groups_and_moves_the_copies_without_changing_a_produc
         assert len(blocks) == 1 and qkv.codes.data_ptr() % (2 << 20) == 0
     else:
         assert len(blocks) > 1
+    pointers = {name: copy.codes.data_ptr() for name, copy in copies.items()}
+    cpu_weights.settle(copies)                                            # settled already: nothing moves
+    assert {name: copy.codes.data_ptr() for name, copy in copies.items()} == pointers
 
 
 @pytest.mark.parametrize("dtype, weights, kind, tolerance", [

@@ -268,7 +268,7 @@ class NativeInt4Weight(CpuWeight):
     @classmethod
     def stacked(cls, parts: list["NativeInt4Weight"]) -> "NativeInt4Weight | None":
         """One copy for the parts stacked on the output axis; the parts become views of it."""
-        if len(parts) < 2 or len({p.inputs for p in parts}) != 1 or len({p.kind for p in parts}) != 1:
+        if not cls.can_stack(parts):
             return None
         stacked = cls.__new__(cls)
         stacked.codes, stacked.scale, stacked.zero = (torch.cat([getattr(p, name) for p in parts])
@@ -276,6 +276,13 @@ class NativeInt4Weight(CpuWeight):
         stacked._parts = [weakref.ref(p) for p in parts]
         stacked._moved()
         return stacked
+
+    @staticmethod
+    def can_stack(parts: list) -> bool:
+        """Whether `parts` stack into one copy: two or more of this class, one input width, one
+        scale kind."""
+        return len(parts) >= 2 and all(type(p) is NativeInt4Weight for p in parts) \
+            and len({p.inputs for p in parts}) == 1 and len({p.kind for p in parts}) == 1
 
     def _moved(self):
         """After its tensors were replaced (made, or moved by `settle`): the pointers, and the
@@ -484,33 +491,49 @@ _HUGE_PAGE = 2 << 20
 
 
 def settle(copies: dict) -> None:
-    """{module name: its fast copy}: stack each q/k/v and gate/up group (`stacked`, as lean_llama
-    will ask for them), then move the C kernels' copies into one block of 2 MB pages. Products are
-    unchanged (the same bytes, elsewhere). Where the OS gives no such pages, the copies stay put.
-    Copies already there (a resident file read in place: `settled_block`) are left alone."""
+    """{module name: its fast copy}: stack each q/k/v and gate/up group (as `stacked` would, as
+    lean_llama will ask for them) and move the C kernels' copies into one block of 2 MB pages,
+    each group stacked straight into it. Products are unchanged (the same bytes, elsewhere).
+    Where the OS gives no such pages, the groups are stacked (`stacked`) and the copies stay put.
+    Copies already there (a resident file read in place) are left alone."""
     natives = (NativeInt4Weight, NativeInt8Weight)
-    stacked_in = {}                                       # id(part) → the stacked copy it is a view of
+    units = {}                     # id(part) → its group's parts, or the stacked copy made already
     for names in stack_groups(copies):
         parts = [copies[name] for name in names]
-        made = stacked(parts) if all(type(p) is NativeInt4Weight for p in parts) else None
-        stacked_in.update((id(p), made) for p in parts if made is not None)
-    owners, seen = [], set()
+        if NativeInt4Weight.can_stack(parts):
+            made = getattr(parts[0], "_stacked", None)
+            unit = made[1] if made is not None and made[0] == tuple(parts[1:]) else parts
+            units.update((id(p), unit) for p in parts)
+    moves, seen = [], set()        # each: a copy to move, or parts to stack into the block
     for copy in copies.values():
-        owner = stacked_in.get(id(copy), copy)
-        if isinstance(owner, natives) and id(owner) not in seen and not getattr(owner, "settled", False):
-            seen.add(id(owner))                           # a stacked copy moves once, its parts with it
-            owners.append(owner)
-    block = settled_block([(getattr(owner, name).shape, getattr(owner, name).dtype)
-                           for owner in owners for name in owner.TENSORS])
+        unit = units.get(id(copy), copy)
+        if id(unit) not in seen and (isinstance(unit, list) or isinstance(unit, natives) and not getattr(unit, "settled", False)):
+            seen.add(id(unit))
+            moves.append(unit)
+    specs = []
+    for unit in moves:
+        parts = unit if isinstance(unit, list) else [unit]
+        specs += [((sum(getattr(p, name).shape[0] for p in parts), *getattr(parts[0], name).shape[1:]),
+                   getattr(parts[0], name).dtype) for name in parts[0].TENSORS]
+    block = settled_block(specs)
     if block is None:
+        for unit in moves:
+            if isinstance(unit, list):
+                stacked(unit)
         return
     places = iter(block)
-    for owner in owners:          # owner by owner, each old copy freed once moved: peak = one copy more
-        for name in owner.TENSORS:
-            moved = next(places)
-            moved.copy_(getattr(owner, name))
-            setattr(owner, name, moved)
-        owner._moved()
+    for unit in moves:            # unit by unit, each old copy freed once moved: peak = one copy more
+        if isinstance(unit, list):
+            whole = {name: torch.cat([getattr(p, name) for p in unit], out=next(places)) for name in NativeInt4Weight.TENSORS}
+            owner = NativeInt4Weight.from_tensors(whole, sum(p.rows for p in unit), unit[0].inputs)
+            adopt_stacked(owner, unit)
+        else:
+            owner = unit
+            for name in owner.TENSORS:
+                moved = next(places)
+                moved.copy_(getattr(owner, name))
+                setattr(owner, name, moved)
+            owner._moved()
         owner.settled = True
         release_freed_memory()         # the old copy's pages back to the OS now, not at exit
 
