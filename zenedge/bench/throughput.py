@@ -269,6 +269,28 @@ def default_precision() -> str:
     return next(label for label, setup in precisions().items() if setup == chosen)
 
 
+def _check_memory(base_dir: Path, setups: dict) -> None:
+    """The rows hold one resident per precision and transformers' fp32 and bf16 models at once: at
+    1.7B that is about 29 GB. Refuse before loading anything where it does not fit (the kernel's
+    OOM killer ended a 1.7B run on a 24 GiB machine), and name the benchmark that does."""
+    import psutil
+    import torch
+
+    from zenedge.errors import Unavailable
+    from zenedge.runtime.model import LOAD_HEADROOM, resident_bytes
+    from zenedge.sizes import format_size
+
+    params = resident_bytes(base_dir, torch.float32, "int4")[0]
+    needed = sum(resident_bytes(base_dir, dtype, weights)[1] for dtype, weights in setups.values())
+    needed += int(params * (4 + 2) * LOAD_HEADROOM)                # transformers' fp32 and bf16 models
+    free = psutil.virtual_memory().available
+    if needed > free:
+        raise Unavailable(f"bench run holds {len(setups)} residents of {base_dir.name} and transformers' fp32 and "
+                          f"bf16 models at once: about {format_size(needed)}; {format_size(free)} is free",
+                          hint="at this size, `zenedge bench resident --base NAME` measures load, memory, "
+                               "prefill and decode one load per process")
+
+
 def run_bench(options: Options, progress=_progress) -> dict:
     from zenedge.bench import peers
 
@@ -292,6 +314,7 @@ def run_bench(options: Options, progress=_progress) -> dict:
     result: dict = {"date": date.today().isoformat(), "machine": machine(), "base_dir": str(base_dir),
                     "base_source": base_source, "tokens": options.tokens, "repeats": options.repeats,
                     "default_cpu_precision": dd}
+    _check_memory(base_dir, setups)
     work = tempfile.TemporaryDirectory(prefix="zenedge-bench-variants-")
     try:
         progress("making variants: 4 PEFT LoRAs (r=8, q/k/v/o), 2 BitDeltas")
