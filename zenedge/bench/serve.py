@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from zenedge import paths
+from zenedge.bases import GGUF_FILE
 from zenedge.bench.pool import _serving, _zenedge
 
 CLIENTS = (1, 4, 8, 16)
@@ -61,7 +62,10 @@ class Stream:
         return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
 
 
-def run(*, clients: tuple[int, ...] = CLIENTS, tokens: int = TOKENS, log: Callable[[str], None] = print) -> dict:
+def run(*, clients: tuple[int, ...] = CLIENTS, tokens: int = TOKENS, log: Callable[[str], None] = print,
+        base: tuple[str, Path] | None = None) -> dict:
+    """`base`: (name, its store directory) of a registered base to serve instead of the default
+    one; it is added to the fresh home from that directory (its GGUF file, or its checkpoint)."""
     try:
         from openai import OpenAI
     except ImportError:
@@ -74,9 +78,17 @@ def run(*, clients: tuple[int, ...] = CLIENTS, tokens: int = TOKENS, log: Callab
         config = (f'[runtime]\ndevice = "cpu"\n\n[pool]\nbudget = "4GiB"\nmax_adapters = {most + 1}\n\n'
                   f'[server]\ntcp = "127.0.0.1:{port}"\n')
         env = {**paths.scratch_environment(tmp, config), "ZENEDGE_TOKEN": secrets.token_hex(16)}
-        log("pulling writer into a fresh home (converts the default base once)")
-        _zenedge(["pull", "writer"], env)
-        profiles = _make_profiles(Path(tmp), Path(env["ZENEDGE_HOME"]), Path(env["ZENEDGE_CONFIG"]), most, log)
+        if base is None:
+            base_name = "smollm2-135m"
+            log("pulling writer into a fresh home (converts the default base once)")
+            _zenedge(["pull", "writer"], env)
+        else:
+            base_name, directory = base
+            source = directory / GGUF_FILE if (directory / GGUF_FILE).is_file() else directory
+            log(f"adding base {base_name} to a fresh home, from {source}")
+            _zenedge(["base", "add", str(source), "--name", base_name], env)
+        profiles = _make_profiles(Path(tmp), Path(env["ZENEDGE_HOME"]), Path(env["ZENEDGE_CONFIG"]), most, log,
+                                  base_name)
         with _serving(env):
             client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=env["ZENEDGE_TOKEN"], max_retries=0)
             log(f"warming {len(profiles)} profiles in the daemon")
@@ -100,26 +112,26 @@ def run(*, clients: tuple[int, ...] = CLIENTS, tokens: int = TOKENS, log: Callab
                          "bitdelta": sum(1 for p in profiles if p.startswith("delta"))}}
 
 
-def _make_profiles(tmp: Path, home: Path, config_path: Path, count: int, log) -> list[str]:
+def _make_profiles(tmp: Path, home: Path, config_path: Path, count: int, log, base_name: str) -> list[str]:
     """`count` profiles stored in the home, named lora-i / delta-i, interleaved as they are used."""
     from zenedge import config, pool
     from zenedge.bench.variants import make_bitdelta, make_lora
     from zenedge.store import Store
 
     store, cfg = Store(home), config.load(config_path)
-    base = store.base("smollm2-135m")
+    base = store.base(base_name)
     base_dir = home / base["dir"]
     names = []
     for i in range(count):
         if i % BITDELTA_EVERY == BITDELTA_EVERY - 1:
             name = f"delta-{i}"
-            log(f"making {name} (a BitDelta of a perturbed copy of the base)")
+            log(f"making {name} (a BitDelta of random signs)")
             path = make_bitdelta(base_dir, tmp, tmp / f"{name}.bitdelta", seed=100 + i, base_sha256=base["sha256"])
-            pool.import_bitdelta(store, cfg, path, name, base="smollm2-135m")
+            pool.import_bitdelta(store, cfg, path, name, base=base_name)
         else:
             name = f"lora-{i}"
             log(f"making {name} (a PEFT LoRA, r=8)")
-            pool.import_lora(store, cfg, make_lora(base_dir, tmp / name, seed=i), name, base="smollm2-135m")
+            pool.import_lora(store, cfg, make_lora(base_dir, tmp / name, seed=i), name, base=base_name)
         names.append(name)
     return names
 

@@ -269,26 +269,40 @@ def default_precision() -> str:
     return next(label for label, setup in precisions().items() if setup == chosen)
 
 
-def _check_memory(base_dir: Path, setups: dict) -> None:
-    """The rows hold one resident per precision and transformers' fp32 and bf16 models at once: at
-    1.7B that is about 29 GB. Refuse before loading anything where it does not fit (the kernel's
-    OOM killer ended a 1.7B run on a 24 GiB machine), and name the benchmark that does."""
-    import psutil
+def _memory_needed(base_dir: Path, setups: dict, transformers_models: bool) -> int:
+    """Bytes the rows hold at once: one resident per precision, and transformers' fp32 and bf16
+    models when asked (at 1.7B, everything is about 31 GiB)."""
     import torch
 
-    from zenedge.errors import Unavailable
     from zenedge.runtime.model import LOAD_HEADROOM, resident_bytes
+
+    needed = sum(resident_bytes(base_dir, dtype, weights)[1] for dtype, weights in setups.values())
+    if transformers_models:
+        needed += int(resident_bytes(base_dir, torch.float32, "int4")[0] * (4 + 2) * LOAD_HEADROOM)
+    return needed
+
+
+def _fitting_setups(base_dir: Path, setups: dict, default: str, progress) -> tuple[dict, bool]:
+    """(the precisions to load, whether transformers' models are loaded too): all of them where
+    they fit the free memory; else the default precision's resident alone (a real-size base),
+    said once; else a one-line refusal before anything is loaded (the kernel's OOM killer ended
+    a 1.7B run on a 24 GiB machine that loaded everything)."""
+    import psutil
+
+    from zenedge.errors import Unavailable
     from zenedge.sizes import format_size
 
-    params = resident_bytes(base_dir, torch.float32, "int4")[0]
-    needed = sum(resident_bytes(base_dir, dtype, weights)[1] for dtype, weights in setups.values())
-    needed += int(params * (4 + 2) * LOAD_HEADROOM)                # transformers' fp32 and bf16 models
     free = psutil.virtual_memory().available
+    if _memory_needed(base_dir, setups, True) <= free:
+        return setups, True
+    alone = {default: setups[default]}
+    needed = _memory_needed(base_dir, alone, False)
     if needed > free:
-        raise Unavailable(f"bench run holds {len(setups)} residents of {base_dir.name} and transformers' fp32 and "
-                          f"bf16 models at once: about {format_size(needed)}; {format_size(free)} is free",
-                          hint="at this size, `zenedge bench resident --base NAME` measures load, memory, "
-                               "prefill and decode one load per process")
+        raise Unavailable(f"bench run needs about {format_size(needed)} for {base_dir.name}'s resident; "
+                          f"{format_size(free)} is free", hint="close other programs, or measure a smaller base")
+    progress(f"{base_dir.name}: only the {default} resident fits beside the others' "
+             f"{format_size(_memory_needed(base_dir, setups, True))}: no transformers or other-precision rows")
+    return alone, False
 
 
 def run_bench(options: Options, progress=_progress) -> dict:
@@ -314,7 +328,7 @@ def run_bench(options: Options, progress=_progress) -> dict:
     result: dict = {"date": date.today().isoformat(), "machine": machine(), "base_dir": str(base_dir),
                     "base_source": base_source, "tokens": options.tokens, "repeats": options.repeats,
                     "default_cpu_precision": dd}
-    _check_memory(base_dir, setups)
+    setups, with_transformers = _fitting_setups(base_dir, setups, dd, progress)
     work = tempfile.TemporaryDirectory(prefix="zenedge-bench-variants-")
     try:
         progress("making variants: 4 PEFT LoRAs (r=8, q/k/v/o), 2 BitDeltas")
@@ -325,8 +339,9 @@ def run_bench(options: Options, progress=_progress) -> dict:
         progress("loading residents and transformers' models")
         residents = {label: load_resident("bench", base_dir, cpu, dtype, weights)
                      for label, (dtype, weights) in setups.items()}
-        hf = {dt: load_causal_lm(base_dir, dtype=dt).eval() for dt in (torch.float32, torch.bfloat16)}
-        tokenizer = residents["float32"].tokenizer
+        hf = {dt: load_causal_lm(base_dir, dtype=dt).eval()
+              for dt in ((torch.float32, torch.bfloat16) if with_transformers else ())}
+        tokenizer = residents[dd].tokenizer
         prompt = encode_chat(tokenizer, PROMPT)
         input_ids = torch.tensor([prompt])
         # No early stop: every row decodes exactly `tokens` (eos -1 never matches).
@@ -370,10 +385,11 @@ def run_bench(options: Options, progress=_progress) -> dict:
                         bytes_for(dd, distinct, rows=len(variants)))
         cases = [Case("transformers generate", "transformers", label, 1, "base",
                       transformers_case(hf[dt], input_ids, n), bytes_for(label, [None]))
-                 for label, (dt, _) in list(setups.items())[:2]]
+                 for label, (dt, _) in list(setups.items())[:2] if dt in hf]
+        if "float32" in endless:
+            cases.append(Case("zenedge reference loop (DynamicCache)", "zenedge-reference", "float32", 1, "base",
+                              zenedge_case(endless["float32"], one(None), "dynamic"), bytes_for("float32", [None])))
         cases += [
-            Case("zenedge reference loop (DynamicCache)", "zenedge-reference", "float32", 1, "base",
-                 zenedge_case(endless["float32"], one(None), "dynamic"), bytes_for("float32", [None])),
             Case("zenedge", "zenedge", dd, 1, "base", zenedge_case(endless[dd], one(None)), bytes_for(dd, [None])),
             Case("zenedge", "zenedge", dd, 1, "LoRA r=8", zenedge_case(endless[dd], one(loras[0])),
                  bytes_for(dd, [loras[0]])),
@@ -395,7 +411,8 @@ def run_bench(options: Options, progress=_progress) -> dict:
         base_case = next(c for c in cases if c.engine == "zenedge" and c.dtype == dd and c.variant == "base")
         twins = constrained_cases(cases, resident, prompt, n, loras, packed, bytes_for)
         cases += list(twins)
-        peer_rows, result["peers_skipped"] = _peers(llama_bench, options, n, kv, w, progress)
+        kv_fp16 = _kv_bytes(resident.model.config, 2)         # llama.cpp's KV cache is fp16
+        peer_rows, result["peers_skipped"] = _peers(llama_bench, options, n, kv_fp16, w, progress)
         at = cases.index(base_case) + 1
         schedule = cases[:at] + peer_rows + cases[at:]        # llama.cpp right beside zenedge's base
         progress("matrix-vector products over a whole model's weights, per precision")
@@ -427,7 +444,7 @@ def run_bench(options: Options, progress=_progress) -> dict:
             scratch.cleanup()
 
 
-def _peers(llama_bench: Path | None, options: Options, tokens: int, kv: dict, workdir: Path, progress):
+def _peers(llama_bench: Path | None, options: Options, tokens: int, kv_fp16: int, workdir: Path, progress):
     """llama.cpp's rows (peers.Peer), or none and the note saying why."""
 
     from zenedge import bases
@@ -443,8 +460,8 @@ def _peers(llama_bench: Path | None, options: Options, tokens: int, kv: dict, wo
     except BaseNotFound as exc:
         return [], f"llama.cpp: skipped, {exc}"
     progress(f"llama.cpp: {llama_bench} on {gguf.name}")
-    # llama.cpp's KV cache is fp16; its decode steps attend to 1..tokens positions.
-    kv_step = round(kv["float32"] // 2 * (tokens + 1) / 2)
+    # its decode steps attend to 1..tokens positions
+    kv_step = round(kv_fp16 * (tokens + 1) / 2)
     decode_threads = threads.policy().decide(single_step=True).threads   # llama.cpp decodes with as many
     return peers.prepare(llama_bench, gguf, decode_threads, tokens, kv_step, workdir, progress), None
 
@@ -473,11 +490,11 @@ def gemv_speeds(residents: dict, repeats: int) -> dict:
                 out.append((lambda x, w=weight: F.linear(x, w), weight.shape[1], weight.numel() * weight.element_size()))
         return out
 
-    sets = {"float32 F.linear": (matmuls(residents["float32"].model, False), torch.float32),
-            "bfloat16 F.linear": (matmuls(residents["bfloat16"].model, False), torch.bfloat16)}
+    sets = {f"{label} F.linear": (matmuls(residents[label].model, False), dtype)
+            for label, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)) if label in residents}
     for label, name in (("bfloat16", "bfloat16 oneDNN packed"), ("int8", "int8 weight-only"),
                         ("int4", "int4 weight-only")):
-        found = matmuls(residents[label].model, True)
+        found = matmuls(residents[label].model, True) if label in residents else None
         if found:
             sets[name] = (found, residents[label].dtype)
     inputs = {(k, dtype): torch.randn(1, k, dtype=dtype) for ops, dtype in sets.values() for _, k, _ in ops}

@@ -261,14 +261,16 @@ def resident(base_dir: Path | None, base_name: str | None, reference: bool, out:
               help="Concurrent clients, each on its own profile (1 must be among them for the ratios).")
 @click.option("--tokens", type=click.IntRange(2, 4096), default=64, show_default=True, help="New tokens per request.")
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write the result as JSON here.")
+@base_option
 @json_option
-def serve(clients: tuple[int, ...], tokens: int, out: Path | None, json_out: bool) -> None:
+def serve(clients: tuple[int, ...], tokens: int, out: Path | None, base_name: str | None, json_out: bool) -> None:
     """Many clients at once through a real daemon: N streaming `openai` clients on N profiles
     (LoRA and BitDelta) together and one after another: aggregate tokens/s, time to first token,
     inter-token latency (a fresh home; a few minutes)."""
     from zenedge.bench import serve as serving
 
-    _report(serving.run(clients=clients, tokens=tokens, log=_progress), out, json_out, serving.table)
+    base = (base_name, _base_dir(base_name, None)) if base_name else None
+    _report(serving.run(clients=clients, tokens=tokens, log=_progress, base=base), out, json_out, serving.table)
 
 
 def _report(result: dict, out: Path | None, json_out: bool, table) -> None:
