@@ -111,6 +111,21 @@ def test_base_add_stores_the_file_as_it_is(isolated_home, tiny_file):
     bases.verify_weights(store, row, full=True)            # the stored file is its registered self
 
 
+@pytest.mark.parametrize("keep_quantized", [True, False], ids=["as-is", "converted"])
+def test_a_gguf_beside_a_models_own_files_keeps_its_tokenizer(isolated_home, tiny_file, keep_quantized):
+    """A base's own store directory holds the GGUF beside tokenizer_config.json: added again from
+    there, transformers mixed those files into the file's tokenizer, which then had no eos, pad or
+    chat template (8 streaming clients then crashed the daemon's batch)."""
+    from transformers import AutoTokenizer
+
+    store = Store(isolated_home)
+    first = store.home / bases.add_gguf(store, tiny_file, "first")["dir"]
+    again = store.home / bases.add_gguf(store, first / gguf_file.FILENAME, "again", keep_quantized=keep_quantized)["dir"]
+    expected, got = (AutoTokenizer.from_pretrained(d) for d in (first, again))
+    assert got.eos_token is not None and (got.eos_token, got.pad_token_id) == (expected.eos_token, expected.pad_token_id)
+    assert got.chat_template == expected.chat_template
+
+
 @needs_kernels
 def test_gguf_resident_multiplies_with_the_files_numbers(isolated_home, tiny_file):
     """Every kept linear's weight is the file's dequantized tensor bit for bit (rows in the

@@ -113,20 +113,20 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
 
     from zenedge.runtime.model import load_causal_lm
 
-    folder, filename = str(gguf_path.parent), gguf_path.name
     architecture = gguf_architecture(gguf_path)
     if progress:
         progress(f"reading tokenizer ({architecture})")
     try:
         # one gguf-py parse for transformers' config, tokenizer and weight loaders (five otherwise:
         # a 262k-token vocabulary took 8 s each)
-        with _quiet_progress_bars(progress is not None), _parsed_once(gguf_path, read_gguf(gguf_path)):
+        with _quiet_progress_bars(progress is not None), _parsed_once(gguf_path, read_gguf(gguf_path)), \
+                _alone(gguf_path) as (folder, filename):
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
             if progress:
                 progress("dequantising weights")
             model = load_causal_lm(folder, gguf_file=filename)
     except (ValueError, KeyError, NotImplementedError) as exc:   # transformers' GGUF loader refusing the file
-        raise InvalidInput(f"{filename} ({architecture}) cannot be loaded: {_one_line(exc)}",
+        raise InvalidInput(f"{gguf_path.name} ({architecture}) cannot be loaded: {_one_line(exc)}",
                            hint="supported: the architectures transformers' GGUF loader reads (llama, mistral, "
                                 "qwen2/3, phi3, gemma2/3, …)") from None
     state = model.state_dict()
@@ -186,6 +186,23 @@ def _parsed_once(path: Path, reader):
         yield
     finally:
         gguf.GGUFReader = original
+
+
+@contextlib.contextmanager
+def _alone(gguf_path: Path):
+    """(folder, file name) where transformers finds the GGUF file and nothing else: beside a
+    Hugging Face tokenizer_config.json (a GGUF kept in a model's folder, or a base's own store
+    directory) its loaders mix the folder's files into the file's tokenizer, and the one they made
+    had no eos, pad or chat template. A symbolic link in a folder of its own; the file's own
+    folder where links cannot be made."""
+    with tempfile.TemporaryDirectory(prefix="zenedge-gguf-") as folder:
+        link = Path(folder) / gguf_path.name
+        try:
+            link.symlink_to(gguf_path.resolve())
+        except OSError:
+            yield str(gguf_path.parent), gguf_path.name
+            return
+        yield folder, link.name
 
 
 def _one_line(exc: BaseException) -> str:
@@ -270,11 +287,12 @@ def _describe_gguf(gguf_path: Path, reader, out_dir: Path, architecture: str,
 
     from zenedge import gguf_file
 
-    folder, filename = str(gguf_path.parent), gguf_path.name
+    filename = gguf_path.name
     if progress:
         progress(f"reading config and tokenizer ({architecture})")
     try:
-        with _quiet_progress_bars(progress is not None), _parsed_once(gguf_path, reader):
+        with _quiet_progress_bars(progress is not None), _parsed_once(gguf_path, reader), \
+                _alone(gguf_path) as (folder, _):
             config = AutoConfig.from_pretrained(folder, gguf_file=filename)
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
     except (ValueError, KeyError, NotImplementedError) as exc:

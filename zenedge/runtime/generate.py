@@ -203,7 +203,8 @@ class _Rows:
 
     def __init__(self, resident: ResidentModel, requests: Sequence[GenerationRequest]):
         self.resident = resident
-        self.pad = resident.tokenizer.pad_token_id
+        # what a finished slot feeds while the others decode (never read back); a tokenizer may name no pad
+        self.pad = resident.tokenizer.pad_token_id if resident.tokenizer.pad_token_id is not None else 0
         self.count = 0                                     # requests seen: the next one's index
         self.slots: list[_Row] = [self._row(r) for r in requests]
         self.fresh: list[int] = []                         # slots given a new request since the last resize
