@@ -282,8 +282,7 @@ def _describe_gguf(gguf_path: Path, reader, out_dir: Path, architecture: str,
     """Write the config, generation config and tokenizer the file describes into `out_dir`; return
     ({linear module: [out, in]}, lines reporting how its tensors are kept), or None where its
     tensors do not name the model's parameters."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from zenedge import gguf_file
 
@@ -297,10 +296,8 @@ def _describe_gguf(gguf_path: Path, reader, out_dir: Path, architecture: str,
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise InvalidInput(f"{filename} ({architecture}) cannot be loaded: {_one_line(exc)}") from None
-    with torch.device("meta"):
-        keys = [k for k, _ in AutoModelForCausalLM.from_config(config).named_parameters()]
     table = gguf_file.reader(gguf_path)
-    names = gguf_file.parameter_names(table, keys)
+    names = gguf_file.parameter_names(table, gguf_file.parameter_keys(config))
     if names is None:
         return None
     tensors = {t.name: t for t in table.tensors}

@@ -308,14 +308,19 @@ def stored_names(directory: Path) -> tuple[object, dict[str, str]] | None:
     path = Path(directory) / FILENAME
     if not path.is_file():
         return None
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(directory)
-    with torch.device("meta"):
-        keys = [k for k, _ in AutoModelForCausalLM.from_config(config).named_parameters()]
     gguf = reader(path)
-    names = parameter_names(gguf, keys)
+    names = parameter_names(gguf, parameter_keys(AutoConfig.from_pretrained(directory)))
     return (gguf, names) if names is not None else None
+
+
+def parameter_keys(config) -> list[str]:
+    """The parameter names of the model `config` describes (built on the meta device: no bytes)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return [k for k, _ in AutoModelForCausalLM.from_config(config).named_parameters()]
 
 
 def shapes(path: Path) -> list[tuple[int, ...]]:

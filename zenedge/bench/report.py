@@ -154,9 +154,11 @@ def markdown(result: dict) -> str:
         lines += ["", "Matrix-vector products alone, one decode step's weights: " + "; ".join(parts) + "."]
     loads = result.get("cold_load_seconds", {})
     if loads:
+        densify = loads.get("bitdelta_densify")
+        dense = f", + {1e3 * densify:.0f} ms to build its dense weights" if densify is not None else \
+            " (no dense copy built: a real-size base)"
         lines += ["", f"Cold load (file → servable variant): LoRA {1e3 * loads['lora']:.0f} ms, BitDelta "
-                      f"{1e3 * loads['bitdelta']:.0f} ms, + {1e3 * loads['bitdelta_densify']:.0f} ms to build its dense "
-                      f"weights. Cached switch: {result['switch_ms']:.3f} ms."]
+                      f"{1e3 * loads['bitdelta']:.0f} ms{dense}. Cached switch: {result['switch_ms']:.3f} ms."]
     lines += ["", "| target | wanted | measured | met |", "|---|---|---|---|"]
     for t in targets(result):
         kind = "x" if t["target"].endswith("x") else "%" if t["target"].endswith("%") else "ms"

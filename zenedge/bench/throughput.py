@@ -301,7 +301,8 @@ def _fitting_setups(base_dir: Path, setups: dict, default: str, progress) -> tup
         raise Unavailable(f"bench run needs about {format_size(needed)} for {base_dir.name}'s resident; "
                           f"{format_size(free)} is free", hint="close other programs, or measure a smaller base")
     progress(f"{base_dir.name}: only the {default} resident fits beside the others' "
-             f"{format_size(_memory_needed(base_dir, setups, True))}: no transformers or other-precision rows")
+             f"{format_size(_memory_needed(base_dir, setups, True))}: no transformers, other-precision or "
+             f"dense-BitDelta rows")
     return alone, False
 
 
@@ -355,12 +356,16 @@ def run_bench(options: Options, progress=_progress) -> dict:
         dense = DenseBitDeltas(cache)
         loras = [cache.get(f"lora-{i}", lambda d=d, i=i: load_lora_variant(f"lora-{i}", d, cpu, resident.dtype))
                  for i, d in enumerate(lora_dirs)]
+        # Dense copies (a whole base's linears each) only where everything fit: an 8B run that made
+        # them was OOM-killed on a 24 GiB machine; a real-size base serves BitDeltas packed.
         deltas = [dense.prepare(cache.get(f"delta-{i}", lambda p=p, i=i: load_bitdelta(f"delta-{i}", p, cpu)),
-                                resident.model, "always") for i, p in enumerate(delta_files)]
+                                resident.model, "always") for i, p in enumerate(delta_files)] if with_transformers else []
         packed = [load_bitdelta(f"packed-{i}", p, cpu) for i, p in enumerate(delta_files)]   # never densified
 
-        result["cold_load_seconds"] = _cold_loads(lora_dirs[0], delta_files[0], resident, cpu, options.repeats)
-        result["switch_ms"] = _switch_ms(cache, dense, resident, ["lora-0", "delta-0"], options.switches, cpu)
+        result["cold_load_seconds"] = _cold_loads(lora_dirs[0], delta_files[0], resident, cpu, options.repeats,
+                                                  with_dense=bool(deltas))
+        result["switch_ms"] = _switch_ms(cache, dense, resident, ["lora-0", "delta-0"], options.switches, cpu,
+                                         "always" if deltas else "never")
 
         n = options.tokens
         ctx = bandwidth.mean_context(len(prompt), n)
@@ -395,12 +400,15 @@ def run_bench(options: Options, progress=_progress) -> dict:
                  bytes_for(dd, [loras[0]])),
             Case("zenedge", "zenedge", dd, 1, "BitDelta (packed)", zenedge_case(endless[dd], one(packed[0])),
                  bytes_for(dd, [packed[0]])),
-            Case("zenedge", "zenedge", dd, 1, "BitDelta (dense copy)", zenedge_case(endless[dd], one(deltas[0])),
-                 bytes_for(dd, [deltas[0]])),
-            Case("zenedge", "zenedge", dd, 4, "mixed, dense BitDelta copies: 2 LoRA + 2 BitDelta",
-                 zenedge_case(endless[dd], batch([loras[0], loras[1], deltas[0], deltas[1]])),
-                 bytes_for(dd, [loras[0], loras[1], deltas[0], deltas[1]], rows=4, mixed=True)),
         ]
+        if deltas:
+            cases += [
+                Case("zenedge", "zenedge", dd, 1, "BitDelta (dense copy)", zenedge_case(endless[dd], one(deltas[0])),
+                     bytes_for(dd, [deltas[0]])),
+                Case("zenedge", "zenedge", dd, 4, "mixed, dense BitDelta copies: 2 LoRA + 2 BitDelta",
+                     zenedge_case(endless[dd], batch([loras[0], loras[1], deltas[0], deltas[1]])),
+                     bytes_for(dd, [loras[0], loras[1], deltas[0], deltas[1]], rows=4, mixed=True)),
+            ]
         for rows in BATCH_ROWS[1:]:
             cases.append(batch_case([None] * rows, "base"))
         for rows in BATCH_ROWS[1:]:
@@ -598,8 +606,9 @@ def _summarise(case: Case, prompt_tokens: int, tokens: int, copy_bw: float) -> d
     }
 
 
-def _cold_loads(lora_dir: Path, delta_file: Path, resident, device, repeats: int) -> dict:
-    """Seconds from a file on disk to a servable variant (and, for BitDelta, to dense weights)."""
+def _cold_loads(lora_dir: Path, delta_file: Path, resident, device, repeats: int, with_dense: bool = True) -> dict:
+    """Seconds from a file on disk to a servable variant (and, for BitDelta, to dense weights,
+    `with_dense`)."""
     from zenedge.bench.variants import load_lora_variant
     from zenedge.runtime.dense_bitdelta import densify
     from zenedge.runtime.variants import load_bitdelta
@@ -612,14 +621,15 @@ def _cold_loads(lora_dir: Path, delta_file: Path, resident, device, repeats: int
         start = time.perf_counter()
         variant = load_bitdelta("cold-delta", delta_file, device)
         delta.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        densify(variant, resident.model)
-        dense.append(time.perf_counter() - start)
+        if with_dense:
+            start = time.perf_counter()
+            densify(variant, resident.model)
+            dense.append(time.perf_counter() - start)
     return {"lora": statistics.median(lora), "bitdelta": statistics.median(delta),
-            "bitdelta_densify": statistics.median(dense)}
+            "bitdelta_densify": statistics.median(dense) if dense else None}
 
 
-def _switch_ms(cache, dense, resident, keys: list[str], count: int, device) -> float:
+def _switch_ms(cache, dense, resident, keys: list[str], count: int, device, policy: str = "always") -> float:
     """Milliseconds to get a cached variant ready for a batch, alternating between two: the cache
     lookup, the dense-copy check and the row grouping. No weights move: zenedge never merges an
     adapter into the base, so a switch is bookkeeping."""
@@ -629,7 +639,7 @@ def _switch_ms(cache, dense, resident, keys: list[str], count: int, device) -> f
     for i in range(count):
         key = keys[i % len(keys)]
         start = time.perf_counter()
-        variant = dense.prepare(cache.get(key, lambda: None), resident.model, "always")
+        variant = dense.prepare(cache.get(key, lambda: None), resident.model, policy)
         RowVariants.build([variant], device)
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
