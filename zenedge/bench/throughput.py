@@ -358,8 +358,9 @@ def run_bench(options: Options, progress=_progress) -> dict:
                  for i, d in enumerate(lora_dirs)]
         # Dense copies (a whole base's linears each) only where everything fit: an 8B run that made
         # them was OOM-killed on a 24 GiB machine; a real-size base serves BitDeltas packed.
-        deltas = [dense.prepare(cache.get(f"delta-{i}", lambda p=p, i=i: load_bitdelta(f"delta-{i}", p, cpu)),
-                                resident.model, "always") for i, p in enumerate(delta_files)] if with_transformers else []
+        cached = [cache.get(f"delta-{i}", lambda p=p, i=i: load_bitdelta(f"delta-{i}", p, cpu))
+                  for i, p in enumerate(delta_files)]
+        deltas = [dense.prepare(v, resident.model, "always") for v in cached] if with_transformers else []
         packed = [load_bitdelta(f"packed-{i}", p, cpu) for i, p in enumerate(delta_files)]   # never densified
 
         result["cold_load_seconds"] = _cold_loads(lora_dirs[0], delta_files[0], resident, cpu, options.repeats,
