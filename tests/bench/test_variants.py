@@ -33,13 +33,13 @@ def test_a_lora_from_the_skeleton_is_a_peft_adapter_of_the_base(tiny_base_dir, t
 def test_a_random_bitdelta_has_a_sign_row_per_projection(tiny_base_dir, tmp_path):
     from zenedge.runtime.variants import load_bitdelta
 
-    path = make_bitdelta(tiny_base_dir, tmp_path, tmp_path / "d.bitdelta", seed=3, scale=2e-3, base_sha256="abc")
+    path = make_bitdelta(tiny_base_dir, tmp_path / "d.bitdelta", seed=3, scale=2e-3, base_sha256="abc")
     variant = load_bitdelta("d", path, torch.device("cpu"))
     layers = 2
     assert len(variant.modules) == 7 * layers
     module = next(iter(variant.modules.values()))
     assert torch.allclose(module.alpha, torch.full_like(module.alpha, 2e-3 * math.sqrt(2 / math.pi)))
-    again = make_bitdelta(tiny_base_dir, tmp_path, tmp_path / "e.bitdelta", seed=3, base_sha256="abc")
+    again = make_bitdelta(tiny_base_dir, tmp_path / "e.bitdelta", seed=3, base_sha256="abc")
     assert again.read_bytes() == path.read_bytes()                      # seeded
 
 

@@ -126,7 +126,7 @@ def _make_profiles(tmp: Path, home: Path, config_path: Path, count: int, log, ba
         if i % BITDELTA_EVERY == BITDELTA_EVERY - 1:
             name = f"delta-{i}"
             log(f"making {name} (a BitDelta of random signs)")
-            path = make_bitdelta(base_dir, tmp, tmp / f"{name}.bitdelta", seed=100 + i, base_sha256=base["sha256"])
+            path = make_bitdelta(base_dir, tmp / f"{name}.bitdelta", seed=100 + i, base_sha256=base["sha256"])
             pool.import_bitdelta(store, cfg, path, name, base=base_name)
         else:
             name = f"lora-{i}"

@@ -335,7 +335,7 @@ def run_bench(options: Options, progress=_progress) -> dict:
         progress("making variants: 4 PEFT LoRAs (r=8, q/k/v/o), 2 BitDeltas")
         w = Path(work.name)
         lora_dirs = [make_lora(base_dir, w / f"lora-{i}", seed=i) for i in range(4)]
-        delta_files = [make_bitdelta(base_dir, w, w / f"delta-{i}.bitdelta", seed=10 + i) for i in range(2)]
+        delta_files = [make_bitdelta(base_dir, w / f"delta-{i}.bitdelta", seed=10 + i) for i in range(2)]
 
         progress("loading residents and transformers' models")
         residents = {label: load_resident("bench", base_dir, cpu, dtype, weights)

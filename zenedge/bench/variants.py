@@ -39,12 +39,12 @@ def make_lora(base_dir: Path, out: Path, *, seed: int, rank: int = 8) -> Path:
     return out
 
 
-def make_bitdelta(base_dir: Path, work: Path, out: Path, *, seed: int, scale: float = 2e-3,
+def make_bitdelta(base_dir: Path, out: Path, *, seed: int, scale: float = 2e-3,
                   base_sha256: str | None = None) -> Path:
     """A .bitdelta file of random signs on every decoder projection of the base, each row scaled
     by `scale`·√(2/π) (what compressing base + scale·N(0,1) gives), written tensor by tensor from
     the base's shapes alone: no model in memory at any size. `base_sha256`: the base's digest as
-    a store knows it, else the checkpoint's own. (`work` is unused: kept for the callers.)"""
+    a store knows it, else the checkpoint's own."""
     import json
     import math
 
