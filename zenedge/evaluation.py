@@ -165,10 +165,15 @@ def right_padded_batch(encoded: Sequence[EncodedExample], pad_id: int, skip: int
 def shared_prefix(encoded: Sequence[EncodedExample]) -> int:
     """How many leading tokens every example shares and a batch may skip (`right_padded_batch`):
     the chat template's system turn and user header."""
-    first = encoded[0].prompt_ids
-    length = min(len(e.prompt_ids) for e in encoded) - 1
-    for e in encoded[1:]:
-        length = next((i for i in range(length) if e.prompt_ids[i] != first[i]), length)
+    return shared_length([e.prompt_ids for e in encoded])
+
+
+def shared_length(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every row shares, leaving each row at least its last token."""
+    first = rows[0]
+    length = min(len(row) for row in rows) - 1
+    for row in rows[1:]:
+        length = next((i for i in range(length) if row[i] != first[i]), length)
     return max(0, length)
 
 
@@ -184,6 +189,16 @@ def supports_prefix(model) -> bool:
     return getattr(model.config, "model_type", None) in _PLAIN_HEAD and getattr(model, "model", None) is not None
 
 
+def head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of hidden states [N, hidden] through a plain-head model's head (`supports_prefix`),
+    in fp32 whatever the body ran in."""
+    head = model.get_output_embeddings()
+    with torch.autocast(hidden.device.type, enabled=False):
+        if not getattr(head, "keeps_plain", True):     # only its quantized copy is resident
+            return head.fast.linear(hidden.float(), head.bias).float()
+        return F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+
+
 def _scored_logits(model, batch: Batch, prefix: KeysValues | None) -> torch.Tensor:
     """fp32 logits at the positions that predict answer tokens: [N_answer_tokens, V]."""
     mask = batch.target_mask[:, :-1]  # [B, T-1]
@@ -191,12 +206,7 @@ def _scored_logits(model, batch: Batch, prefix: KeysValues | None) -> torch.Tens
         raise ValueError("a batch that skips a shared prefix needs that prefix's keys and values")
     if supports_prefix(model):
         hidden = hidden_states(model, batch.input_ids, batch.attention_mask, prefix if batch.skip else None)
-        head = model.get_output_embeddings()
-        with torch.autocast(hidden.device.type, enabled=False):  # the head in fp32, whatever the body ran in
-            if not getattr(head, "keeps_plain", True):     # only its quantized copy is resident
-                return head.fast.linear(hidden[:, :-1][mask].float(), head.bias).float()
-            return F.linear(hidden[:, :-1][mask].float(), head.weight.float(),
-                            None if head.bias is None else head.bias.float())
+        return head_logits(model, hidden[:, :-1][mask])
     if batch.skip:
         raise ValueError(f"{type(model).__name__}: a shared prefix needs a plain-head causal LM")
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits

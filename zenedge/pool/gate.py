@@ -31,13 +31,13 @@ from typing import Any, Sequence
 
 import torch
 
-from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, example_scores, load_eval_set,
-                                right_padded_batch, shared_prefix, supports_prefix)
+from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, example_scores, head_logits,
+                                load_eval_set, right_padded_batch, shared_length, shared_prefix, supports_prefix)
 from zenedge.pool.phases import Phases
 from zenedge.pool.verdict import (FLOOR, MIN_EXAMPLES, Verdict, accuracy_verdict, retention, verdict,
                                   verdict_of)
 from zenedge.runtime import threads
-from zenedge.runtime.backbone import prefix_states
+from zenedge.runtime.backbone import hidden_states, prefix_states, read_prefix, right_padded
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.prompts import chat_ids
 from zenedge.runtime.variants import Variant
@@ -45,6 +45,7 @@ from zenedge.runtime.variants import Variant
 MAX_EXAMPLES = 64     # the most examples of a set the gate reads (a borderline verdict)
 ROUND = 8             # examples per member per round after the first (MIN_EXAMPLES in the first)
 MAX_LEN = 384
+PROXY_CHUNK = 4       # generic prompts per proxy batch: two batches keep two lanes busy
 SCORE_BATCH = 8         # rows per scoring batch: 6 batches for a 48-row round keep two lanes even (threads.py)
 MIN_SHARED = 8        # shorter shared prefixes are not worth a separate pass
 VERIFY_EXAMPLES = 2   # examples of a registry's claimed anchors re-measured (base and own) before they are used
@@ -54,6 +55,8 @@ VERIFY_EXAMPLES = 2   # examples of a registry's claimed anchors re-measured (ba
 VERIFY_SLACK, VERIFY_PER_TOKEN = 0.5, 0.05
 # Registry claims checked per resident model (`QualityGate._check_claims`); weak: a dropped base takes its entries.
 _CONFIRMED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, bool]]" = weakref.WeakKeyDictionary()
+# The base's log-probs on GENERIC_PROMPTS per resident model (`QualityGate._log_probs`): about 18 MB.
+_BASE_LOG_PROBS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 GENERIC_PROMPTS = [
     "Tell me about your day.", "What is the capital of Italy?", "Write one sentence about rain.",
     "How do I boil an egg?", "List three colours.", "Explain what a computer is.",
@@ -87,7 +90,8 @@ class Member:
 class GateResult:
     measurements: list[Measurement]
     anchors: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> quality to store
-    reads: dict[str, "_Set"] = field(default_factory=dict)  # name -> what was read, to resume (check's `resume`)
+    # name -> what was read (an eval set's rows, or a proxy's measurement), to resume (check's `resume`)
+    reads: dict[str, "_Set | Measurement"] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -207,7 +211,7 @@ class QualityGate:
     # -- the gate ----------------------------------------------------------------------------
     def check(self, members: Sequence[Member], merged: Variant, threshold: float,
               phases: Phases | None = None, *, stop_at_failure: bool = True,
-              resume: dict[str, _Set] | None = None) -> GateResult:
+              resume: dict[str, "_Set | Measurement"] | None = None) -> GateResult:
         """Measure every member on the merged variant, in lockstep rounds, until each has a verdict
         or one fails (the merge is rejected then and the rest is not read, unless
         `stop_at_failure` is False: a forced manual merge reports every member). `resume`: the
@@ -219,7 +223,13 @@ class QualityGate:
         self._check_claims([m for m in members if m.name not in resume], phases)
         for member in members:
             if member.name in resume:
-                sets.append(resume[member.name])
+                earlier = resume[member.name]
+                if isinstance(earlier, _Set):
+                    sets.append(earlier)
+                    continue
+                result.measurements.append(earlier)      # a proxy's verdict is whole: not read again
+                if not earlier.passed and stop_at_failure:
+                    return result
                 continue
             try:
                 prepared = self._prepare(member, phases)
@@ -232,11 +242,12 @@ class QualityGate:
                     value = self.proxy(member.current, merged)
                     rec["retention"] = round(value, 4)
                 result.measurements.append(Measurement(member.name, "proxy", value, passed=value >= threshold))
+                result.reads[member.name] = result.measurements[-1]
                 if value < threshold and stop_at_failure:
                     return result
             else:
                 sets.append(prepared)
-        result.reads = {s.member.name: s for s in sets}
+        result.reads.update({s.member.name: s for s in sets})
         open_sets = self._settle(sets, threshold, result, stop_at_failure)  # resumed sets may be decided already
         while open_sets:
             rows_needed = {id(s): len(s.merged) + (MIN_EXAMPLES if not s.merged else ROUND) for s in open_sets}
@@ -433,23 +444,63 @@ class QualityGate:
         return out
 
     # -- the data-free proxy -------------------------------------------------------------------
-    def _log_probs(self, variant: Variant | None) -> torch.Tensor:
-        tokenizer, model, device = self.resident.tokenizer, self.resident.model, self.resident.device
+    def _log_probs(self, variant: Variant | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p at every position of the generic prompts under `variant` ([N, V]), and how many
+        prompts each position stands for ([N]). The base's are read once per resident model: every
+        proxy compares with them."""
+        if variant is None and self.resident.model in _BASE_LOG_PROBS:
+            return _BASE_LOG_PROBS[self.resident.model]
+        rows = [chat_ids(self.resident.tokenizer, [{"role": "user", "content": p}]) for p in GENERIC_PROMPTS]
+        skip = shared_length(rows)
+        if supports_prefix(self.resident.model) and skip >= MIN_SHARED:
+            read = self._read_after_prefix(variant, rows, skip)
+        else:
+            read = self._read_whole(variant, rows)
+        if variant is None:
+            _BASE_LOG_PROBS[self.resident.model] = read
+        return read
 
-        def run(prompt: str) -> torch.Tensor:   # on a lane (threads.map_lanes): grad mode is per thread
-            ids = chat_ids(tokenizer, [{"role": "user", "content": prompt}])
+    def _read_whole(self, variant: Variant | None, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        model, device = self.resident.model, self.resident.device
+
+        def run(ids: list[int]) -> torch.Tensor:   # on a lane (threads.map_lanes): grad mode is per thread
             with torch.no_grad(), self.resident.state.using([variant], plain=True):
                 logits = model(input_ids=torch.tensor([ids], device=device)).logits
             return torch.log_softmax(logits[0].float(), dim=-1)
-        return torch.cat(threads.map_lanes(run, GENERIC_PROMPTS))  # [tokens, V]
+        log_probs = torch.cat(threads.map_lanes(run, rows))
+        return log_probs, torch.ones(len(log_probs), device=log_probs.device)
+
+    def _read_after_prefix(self, variant: Variant | None, rows: list[list[int]], skip: int
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens every prompt starts with (the chat template's system turn and user header,
+        about two thirds of them) read once and weighted by the number of prompts, then the rest of
+        each prompt after them: the same mean as reading every prompt whole, in a third of the tokens."""
+        model, device = self.resident.model, self.resident.device
+        pad = self.resident.tokenizer.pad_token_id or 0
+        with torch.no_grad(), self.resident.state.using([variant], plain=True):
+            shared, states = read_prefix(model, rows[0][:skip])
+
+        def run(chunk: list[list[int]]) -> torch.Tensor:   # on a lane: grad mode is per thread
+            ids, mask = right_padded([row[skip:] for row in chunk], pad)
+            prefix = [(k.expand(len(chunk), -1, -1, -1), v.expand(len(chunk), -1, -1, -1)) for k, v in states]
+            with torch.no_grad(), self.resident.state.using([variant], plain=True):
+                hidden = hidden_states(model, ids.to(device), mask.to(device), prefix)
+            return hidden[mask.to(device).bool()]
+        chunks = [rows[i:i + PROXY_CHUNK] for i in range(0, len(rows), PROXY_CHUNK)]
+        hidden = torch.cat([shared, *threads.map_lanes(run, chunks)])
+        with torch.no_grad():
+            log_probs = torch.log_softmax(head_logits(model, hidden), dim=-1)
+        weights = torch.ones(len(hidden), device=hidden.device)
+        weights[:skip] = len(rows)
+        return log_probs, weights
 
     def proxy(self, current: Variant | None, merged: Variant) -> float:
-        p = self._log_probs(current)
-        kl = lambda q: float((p.exp() * (p - q)).sum(-1).mean())
-        drift = kl(self._log_probs(None))
+        p, weights = self._log_probs(current)
+        kl = lambda q: float(((p.exp() * (p - q)).sum(-1) * weights).sum() / weights.sum())
+        drift = kl(self._log_probs(None)[0])
         if drift < 1e-6:
             return 1.0
-        return max(0.0, 1.0 - kl(self._log_probs(merged)) / drift)
+        return max(0.0, 1.0 - kl(self._log_probs(merged)[0]) / drift)
 
 
 def claimed_quality(anchors: dict[str, Any]) -> dict[str, Any]:

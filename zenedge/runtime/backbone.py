@@ -69,9 +69,15 @@ def hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 @torch.no_grad()
-def prefix_states(model, prefix_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Keys and values of a prefix (one row) in every layer: [1, heads, P, head_dim] each."""
+def read_prefix(model, prefix_ids: Sequence[int]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A prefix (one row) read once: its last hidden states [P, hidden], and its keys and values
+    in every layer ([1, heads, P, head_dim] each) for the rows that continue it."""
     device = next(model.parameters()).device
     out = decoder_of(model)(input_ids=torch.tensor([list(prefix_ids)], device=device), use_cache=True)
     cache = getattr(out, "cache", None) or out.past_key_values
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    return out.last_hidden_state[0], [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def prefix_states(model, prefix_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys and values of a prefix (one row) in every layer: [1, heads, P, head_dim] each."""
+    return read_prefix(model, prefix_ids)[1]
