@@ -45,6 +45,20 @@ def _daemon_peak(home: Path) -> str:
     return f"{kib / 2**20:.2f} GiB"
 
 
+def _greedy_answers(home: Path, config: Path, prompts: list[str]) -> list[str]:
+    """The temporary `probe` profile's greedy answers (8 tokens at most), in this process."""
+    os.environ.update(ZENEDGE_HOME=str(home), ZENEDGE_CONFIG=str(config))
+    from zenedge import config as zconfig
+    from zenedge.runtime.engine import Engine, Prompt
+    from zenedge.runtime.sampling import SamplingParams
+    from zenedge.store import Store
+
+    engine = Engine(Store(home), zconfig.load(config))
+    params = SamplingParams(max_tokens=8)
+    return [engine.complete("probe", Prompt(messages=[{"role": "user", "content": p}]), params).text.strip() or "?"
+            for p in prompts]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", type=Path, help="a GGUF file or a Hugging Face directory")
@@ -52,6 +66,10 @@ def main() -> int:
     parser.add_argument("--name", default="real", help="the base's name in the pool")
     parser.add_argument("--merge-only", action="store_true",
                         help='pool.compress_to = "off": the pool merges at once instead of re-storing smaller first')
+    parser.add_argument("--own-answers", action="store_true",
+                        help="the eval set's answers are the newcomer's own greedy ones (it has a gain)")
+    parser.add_argument("--cold", action="store_true",
+                        help="the import's load is the base's first (no resident file yet)")
     args = parser.parse_args()
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -71,9 +89,22 @@ def main() -> int:
     loras = [make_lora(base_dir, adapters / f"lora{i}", seed=i) for i in range(STORED + 1)]
     rows = [json.loads(line) for line in (ROOT / "profiles" / "arith" / "eval.jsonl").read_text().splitlines() if line]
     eval_path = args.work / "eval.jsonl"
-    eval_path.write_text("".join(json.dumps(rows[i % len(rows)]) + "\n" for i in range(EXAMPLES)))
+    rows = [rows[i % len(rows)] for i in range(EXAMPLES)]
+    eval_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     for i in range(STORED):
         _zenedge(env, "import", str(loras[i]), "--name", f"p{i}", "--base", args.name)
+    if args.own_answers:
+        # The newcomer's own greedy answers as the eval set: the gain a real fine-tune has on its
+        # task (the random base and adapter gain nothing on arithmetic, a borderline the gate reads
+        # whole). Made through a temporary profile, removed before the timed import.
+        _zenedge(env, "import", str(loras[STORED]), "--name", "probe", "--base", args.name)
+        _zenedge(env, "stop", capture=True)
+        answers = _greedy_answers(home, config, [row["prompt"] for row in rows[:EXAMPLES]])
+        rows = [{"prompt": row["prompt"], "answer": answer} for row, answer in zip(rows, answers)]
+        eval_path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        _zenedge(env, "rm", "probe")
+    if not args.cold:
+        _zenedge(env, "run", args.name, "Hi", "--max-tokens", "1", capture=True)  # writes its resident file
     status = json.loads(_zenedge(env, "pool", "status", "--json", capture=True).stdout)
     size = status["by_kind"]["lora"] // STORED      # as stored (bf16), not as PEFT saved it (fp32)
     _zenedge(env, "budget", "set", str(status["used_bytes"] + size // 2))
