@@ -481,11 +481,11 @@ class QualityGate:
             shared, states = read_prefix(model, rows[0][:skip])
 
         def run(chunk: list[list[int]]) -> torch.Tensor:   # on a lane: grad mode is per thread
-            ids, mask = right_padded([row[skip:] for row in chunk], pad)
+            ids, mask = (t.to(device) for t in right_padded([row[skip:] for row in chunk], pad))
             prefix = [(k.expand(len(chunk), -1, -1, -1), v.expand(len(chunk), -1, -1, -1)) for k, v in states]
             with torch.no_grad(), self.resident.state.using([variant], plain=True):
-                hidden = hidden_states(model, ids.to(device), mask.to(device), prefix)
-            return hidden[mask.to(device).bool()]
+                hidden = hidden_states(model, ids, mask, prefix)
+            return hidden[mask.bool()]                  # the real tokens, row after row
         chunks = [rows[i:i + PROXY_CHUNK] for i in range(0, len(rows), PROXY_CHUNK)]
         hidden = torch.cat([shared, *threads.map_lanes(run, chunks)])
         with torch.no_grad():
