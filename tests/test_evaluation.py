@@ -102,8 +102,7 @@ def test_a_shared_prefix_run_once_gives_the_same_losses(model, tokenizer):
     skip = shared_prefix(encoded)
     assert skip >= 8 and all(e.prompt_ids[:skip] == encoded[0].prompt_ids[:skip] for e in encoded)
     full = example_losses(model, right_padded_batch(encoded, pad_id=tokenizer.pad_token_id))
-    states = prefix_states(model, encoded[0].prompt_ids[:skip])
-    prefix = [(k.expand(len(encoded), -1, -1, -1), v.expand(len(encoded), -1, -1, -1)) for k, v in states]
+    prefix = [prefix_states(model, encoded[0].prompt_ids[:skip])] * len(encoded)
     skipped = example_losses(model, right_padded_batch(encoded, pad_id=tokenizer.pad_token_id, skip=skip), prefix)
     assert torch.allclose(full, skipped, rtol=1e-5)
     with pytest.raises(ValueError, match="skip"):
@@ -129,8 +128,7 @@ def test_a_peft_wrapped_model_scores_as_its_merged_weights_do(model, tokenizer):
     assert torch.allclose(losses, example_losses(merged, batch), rtol=1e-5)
     assert not torch.allclose(losses, example_losses(model, batch), rtol=1e-3)   # the adapter counts
     skip = shared_prefix(encoded)
-    prefix = [(k.expand(len(encoded), -1, -1, -1), v.expand(len(encoded), -1, -1, -1))
-              for k, v in prefix_states(wrapped, encoded[0].prompt_ids[:skip])]
+    prefix = [prefix_states(wrapped, encoded[0].prompt_ids[:skip])] * len(encoded)
     skipped = example_losses(wrapped, right_padded_batch(encoded, pad_id=tokenizer.pad_token_id, skip=skip), prefix)
     assert torch.allclose(losses, skipped, rtol=1e-5)
 
@@ -315,3 +313,25 @@ def test_exact_match_counts_each_example_on_a_mixed_set(model, tokenizer):
     answers = [references[0], references[1], references[2][:-1] + "#", "# " + references[3]]
     mixed = [Example(e.prompt, a, e.system) for e, a in zip(EXAMPLES, answers)]
     assert exact_match(wrapped, tokenizer, encode_examples(tokenizer, mixed, 256), max_new_tokens=8) == 0.5
+
+
+def test_rows_with_their_own_prefixes_read_as_their_whole_texts(model):
+    """Per-row prefixes (rows of different variants have different ones) give each row's hidden
+    states as reading its prefix and text whole; the read-only cache keeps none of the rows' keys."""
+    from zenedge.runtime.backbone import _prefix_cache, cache_argument, hidden_states, prefix_states
+
+    torch.manual_seed(0)
+    starts = torch.randint(5, 100, (2, 6)).tolist()
+    rest = torch.randint(5, 100, (2, 4))
+    prefix = [prefix_states(model, start) for start in starts]
+    with torch.no_grad():
+        read = hidden_states(model, rest, torch.ones_like(rest), prefix)
+        for row, start in enumerate(starts):
+            whole = torch.tensor([start + rest[row].tolist()])
+            assert torch.allclose(read[row], hidden_states(model, whole, torch.ones_like(whole))[0, 6:], atol=1e-5)
+        cache = _prefix_cache(prefix)
+        model.model(input_ids=rest, attention_mask=torch.ones(2, 10, dtype=torch.long), use_cache=False,
+                    **{cache_argument(model.model): cache})
+    assert cache.get_seq_length() == 6
+    with pytest.raises(ValueError, match="2 rows"):
+        hidden_states(model, rest[:1], torch.ones_like(rest[:1]), prefix)

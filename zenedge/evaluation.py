@@ -199,7 +199,7 @@ def head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
 
 
-def _scored_logits(model, batch: Batch, prefix: KeysValues | None) -> torch.Tensor:
+def _scored_logits(model, batch: Batch, prefix: Sequence[KeysValues] | None) -> torch.Tensor:
     """fp32 logits at the positions that predict answer tokens: [N_answer_tokens, V]."""
     mask = batch.target_mask[:, :-1]  # [B, T-1]
     if batch.skip and prefix is None:
@@ -214,13 +214,13 @@ def _scored_logits(model, batch: Batch, prefix: KeysValues | None) -> torch.Tens
 
 
 @torch.no_grad()
-def example_scores(model, batch: Batch, prefix: KeysValues | None = None
+def example_scores(model, batch: Batch, prefix: Sequence[KeysValues] | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of `batch`: the summed answer-token cross-entropy ([B], fp64; summed, not averaged,
     so that sets of examples combine token-weighted: a mean loss is Σ sums / Σ answer tokens) and
     how many answer tokens are the model's argmax ([B], int64: teacher-forced token accuracy).
-    With `batch.skip`, `prefix` holds each layer's keys and values of the skipped tokens for every
-    row ([B, heads, skip, head_dim]; rows of different variants have different ones)."""
+    With `batch.skip`, `prefix` holds per row every layer's keys and values of the skipped tokens
+    (backbone.prefix_states; rows of one variant may share one, rows of different variants have their own)."""
     mask = batch.target_mask[:, :-1]
     logits = _scored_logits(model, batch, prefix)
     targets = batch.input_ids[:, 1:][mask]
@@ -232,7 +232,7 @@ def example_scores(model, batch: Batch, prefix: KeysValues | None = None
     return sums, hits
 
 
-def example_losses(model, batch: Batch, prefix: KeysValues | None = None) -> torch.Tensor:
+def example_losses(model, batch: Batch, prefix: Sequence[KeysValues] | None = None) -> torch.Tensor:
     """The summed answer-token cross-entropy of each row (`example_scores`' first half)."""
     return example_scores(model, batch, prefix)[0]
 

@@ -191,11 +191,7 @@ class QualityGate:
 
         def run(plan) -> tuple[torch.Tensor, torch.Tensor]:
             variants, examples, ids = plan
-            prefix = None
-            if ids:
-                per_row = [states[(v.key if v else None, ids)] for v in variants]
-                prefix = [(torch.cat([s[layer][0] for s in per_row]), torch.cat([s[layer][1] for s in per_row]))
-                          for layer in range(len(per_row[0]))]
+            prefix = [states[(v.key if v else None, ids)] for v in variants] if ids else None
             batch = right_padded_batch(examples, pad, len(ids) if ids else 0)
             # Teacher-forced scoring reads text like a prefill: on the plain weights (runtime/layers.py).
             with self.resident.state.using(variants, plain=True), self._precision():
@@ -482,9 +478,8 @@ class QualityGate:
 
         def run(chunk: list[list[int]]) -> torch.Tensor:   # on a lane: grad mode is per thread
             ids, mask = (t.to(device) for t in right_padded([row[skip:] for row in chunk], pad))
-            prefix = [(k.expand(len(chunk), -1, -1, -1), v.expand(len(chunk), -1, -1, -1)) for k, v in states]
             with torch.no_grad(), self.resident.state.using([variant], plain=True):
-                hidden = hidden_states(model, ids, mask, prefix)
+                hidden = hidden_states(model, ids, mask, [states] * len(chunk))
             return hidden[mask.bool()]                  # the real tokens, row after row
         chunks = [rows[i:i + PROXY_CHUNK] for i in range(0, len(rows), PROXY_CHUNK)]
         hidden = torch.cat([shared, *threads.map_lanes(run, chunks)])
