@@ -4,7 +4,7 @@ ZENEDGE_HOME    the pool (blobs, index, bases)     default: platformdirs user da
 ZENEDGE_CONFIG  the TOML config file               default: platformdirs user config dir/config.toml
 ZENEDGE_TOKEN   bearer token for the TCP listener  default: a generated 0600 file in the home
 ZENEDGE_NATIVE_KERNELS  0 turns off the C kernels for the CPU (kernels/native/)  default: on
-ZENEDGE_CPU_ISA         avx512, avx2, neon, scalar or off: the C kernels' instruction set  default: the best this CPU runs
+ZENEDGE_CPU_ISA         avx512vnni, avx512, avx2, neon, scalar or off: the C kernels' instruction set  default: the best this CPU runs
 CC                      the C compiler that builds them  default: cc, else gcc
 ZENEDGE_LLAMA_BENCH     a built llama.cpp `llama-bench`, a peer row in `zenedge bench run`  default: none
 ZENEDGE_KEEP_ALIVE      seconds; overrides the config's server.keep_alive (0: the CLI never starts a daemon)

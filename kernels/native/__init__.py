@@ -64,15 +64,19 @@ PROBE = Path(__file__).with_name("cpu_features.c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as the torch ops they stand for.
 FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC")
 ISA_FLAGS = {
+    "avx512vnni": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma", "-DZENEDGE_AVX512",
+                   "-DZENEDGE_VNNI"),    # avx512 plus VPDPBUSD for the int8-activation product
     "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-DZENEDGE_AVX512"),
     "avx2": ("-mavx2", "-mfma", "-mf16c", "-DZENEDGE_AVX2"),
     "neon": ("-DZENEDGE_NEON",),
     "scalar": (),                    # the portable reference: any CPU, slower than torch's kernels
 }
-FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "fma", "f16c", "neon", "dotprod")  # cpu_features.c's bits
-ISA_NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"), "avx2": ("avx2", "fma", "f16c"),
+FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx2", "fma", "f16c", "neon", "dotprod",
+            "avx512_vnni")  # cpu_features.c's bits
+ISA_NEEDS = {"avx512vnni": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "fma"),
+             "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"), "avx2": ("avx2", "fma", "f16c"),
              "neon": ("neon",), "scalar": ()}
-PREFERENCE = ("avx512", "avx2", "neon")   # what `isa()` picks, best first; scalar only when asked for
+PREFERENCE = ("avx512vnni", "avx512", "avx2", "neon")   # what `isa()` picks, best first; scalar only when asked for
 MAX_INPUTS = 32768          # int4_gemv.c's and int8_gemv.c's MAX_INPUTS
 MAX_HEAD_DIM = 256          # decode_attention.c's MAX_DIM
 MAX_GROUP = 64              # decode_attention.c's MAX_GROUP
@@ -89,6 +93,7 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "zenedge_int4_gemm": [_P] * 5 + [_I] * 3,
     "zenedge_int4_gemm_scaled": [_P] * 5 + [_I] * 4,
+    "zenedge_int4_gemm_x8": [_P] * 5 + [_I] * 4,
     "zenedge_int8_gemm": [_P] * 4 + [_I] * 3,
     "zenedge_rms_norm": [_P] * 3 + [_I] * 2 + [_F],
     "zenedge_decode_attention": [_P] * 5 + [_I] * 8 + [_F],
@@ -209,8 +214,8 @@ def _choose():
     for name in PREFERENCE:
         if all(f in features for f in ISA_NEEDS[name]):
             why = f"the CPU has {', '.join(ISA_NEEDS[name])}"
-            if name == "avx2":   # on x86, say why not the best
-                why += f"; not {', '.join(f for f in ISA_NEEDS['avx512'] if f not in features)}"
+            if name in ("avx512", "avx2"):   # on x86, say why not the best
+                why += f"; not {', '.join(f for f in ISA_NEEDS['avx512vnni'] if f not in features)}"
             return name, why
     if not features:
         return None, "the CPU's features could not be probed (no C compiler, or its build failed)"
@@ -228,6 +233,13 @@ def int4_gemm_scaled():
     kind = SCALE_KINDS[scale.dtype]."""
     lib = library()
     return lib.zenedge_int4_gemm_scaled if lib is not None else None
+
+
+def int4_gemm_x8():
+    """`zenedge_int4_gemm_x8(x, codes, scale, zero, y, M, N, K, kind)` (int4_gemv.c: x rounded to
+    int8, `rounded(x, 8)`), or None."""
+    lib = library()
+    return lib.zenedge_int4_gemm_x8 if lib is not None else None
 
 
 # int4_gemv.c's SCALES_*, told apart by the scales' dtype: bf16 scale and zero, W = (q - 8)·s + z
@@ -258,7 +270,7 @@ def int4_codes(codes: torch.Tensor) -> torch.Tensor:
 
 def rounded(x: torch.Tensor, bits: int) -> torch.Tensor:
     """x [..., K] as the kernels multiply it (x_rows.h): rounded per group of 32 inputs to `bits`
-    bits (16: the int4 kernel, 8: the sign kernel), the step max|x|/(2^(bits-1) - 1), to nearest
+    bits (16: the int4 kernel, 8: its x8 variant and the sign kernel), the step max|x|/(2^(bits-1) - 1), to nearest
     even; in fp32 (for the self-tests and the tests' references)."""
     groups = x.float().reshape(*x.shape[:-1], -1, 32)
     limit = 2 ** (bits - 1) - 1
@@ -559,6 +571,11 @@ def _int4_ok(lib) -> bool:
             return False
         weight = (q.float().view(rows, -1, 32) * s16.float()[..., None] + m16.float()[..., None]).view(rows, inputs)
         if not torch.allclose(y, rounded(x, 16) @ weight.t(), rtol=1e-4, atol=1e-4):
+            return False
+        if lib.zenedge_int4_gemm_x8(x.data_ptr(), codes.data_ptr(), block_scale.data_ptr(), block_zero.data_ptr(),
+                                    y.data_ptr(), 11, rows, inputs, kind):
+            return False
+        if not torch.allclose(y, rounded(x, 8) @ weight.t(), rtol=1e-4, atol=1e-4):
             return False
     return True
 

@@ -16,7 +16,8 @@
 #include <sys/sysctl.h>
 #endif
 
-enum { AVX512F = 1, AVX512BW = 2, AVX512VL = 4, AVX512BF16 = 8, AVX2 = 16, FMA = 32, F16C = 64, NEON = 128, DOTPROD = 256 };
+enum { AVX512F = 1, AVX512BW = 2, AVX512VL = 4, AVX512BF16 = 8, AVX2 = 16, FMA = 32, F16C = 64, NEON = 128, DOTPROD = 256,
+       AVX512VNNI = 512 };
 
 int64_t zenedge_cpu_features(void) {
     int64_t found = 0;
@@ -26,6 +27,7 @@ int64_t zenedge_cpu_features(void) {
     found |= __builtin_cpu_supports("avx512bw") ? AVX512BW : 0;
     found |= __builtin_cpu_supports("avx512vl") ? AVX512VL : 0;
     found |= __builtin_cpu_supports("avx512bf16") ? AVX512BF16 : 0;
+    found |= __builtin_cpu_supports("avx512vnni") ? AVX512VNNI : 0;
     found |= __builtin_cpu_supports("avx2") ? AVX2 : 0;
     found |= __builtin_cpu_supports("fma") ? FMA : 0;
     /* F16C from CPUID leaf 1 (ECX bit 29): clang 14 does not know "f16c" in __builtin_cpu_supports; it

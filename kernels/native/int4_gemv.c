@@ -75,6 +75,31 @@ INLINE void end_group(v16 *acc, const v16 *dot, v16 s, v16 zero, const x_rows *x
     }
 }
 
+/* The 16 rows' sums of group g against MC rows of x, one product at a time: the scalar build's
+   loops, and NEON's for int8 x. x̂ is int16 in PAIR's order (BITS 16) or int8 in order (BITS 8). */
+INLINE void portable_dots(const uint8_t *codes, const uint8_t *ahead, const void *xq, int64_t K, int64_t m0,
+                          int64_t g, v16 *dot, const int MC, const int BITS) {
+    static const int SLOT[8] = {0, 4, 1, 5, 2, 6, 3, 7};   /* where input t of a run sits in x̂: PAIR inverted */
+    PREFETCH_L2(ahead + g * 4 * 64);
+    for (int i = 0; i < MC; i++) {
+        const int64_t at = (m0 + i) * K + g * 32;
+        float lanes[ROWS];
+        for (int j = 0; j < ROWS; j++) {
+            int32_t sum = 0;
+            for (int c = 0; c < 4; c++)
+                for (int t = 0; t < 4; t++) {
+                    const uint8_t byte = codes[(g * 4 + c) * 64 + 4 * j + t];
+                    const int64_t low = at + c * 8 + (BITS == 8 ? t : SLOT[t]);
+                    const int64_t high = at + c * 8 + (BITS == 8 ? 4 + t : SLOT[4 + t]);
+                    sum += BITS == 8 ? (byte & 0xF) * ((const int8_t *)xq)[low] + (byte >> 4) * ((const int8_t *)xq)[high]
+                                     : (byte & 0xF) * ((const int16_t *)xq)[low] + (byte >> 4) * ((const int16_t *)xq)[high];
+                }
+            lanes[j] = (float)sum;
+        }
+        dot[i] = v16_load(lanes);
+    }
+}
+
 #if defined(ZENEDGE_AVX512)
 /* The 16 rows' sums of group g against MC rows of x: per 8 inputs, the 16 rows' words in one
    vector; each nibble pair k, shifted and masked, times x̂'s matching pair broadcast (AVX2's loop
@@ -163,44 +188,105 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
 /* The portable loop (the scalar build): the same integer sums */
 INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t *xq, int64_t K, int64_t m0,
                        int64_t g, v16 *dot, const int MC) {
-    static const int SLOT[8] = {0, 4, 1, 5, 2, 6, 3, 7};   /* where input t of a run sits in x̂: PAIR inverted */
-    PREFETCH_L2(ahead + g * 4 * 64);
-    for (int i = 0; i < MC; i++) {
-        const int16_t *x = xq + (m0 + i) * K + g * 32;
-        float lanes[ROWS];
-        for (int j = 0; j < ROWS; j++) {
-            int32_t sum = 0;
-            for (int c = 0; c < 4; c++)
-                for (int t = 0; t < 4; t++) {
-                    const uint8_t byte = codes[(g * 4 + c) * 64 + 4 * j + t];
-                    sum += (byte & 0xF) * x[c * 8 + SLOT[t]] + (byte >> 4) * x[c * 8 + SLOT[4 + t]];
-                }
-            lanes[j] = (float)sum;
+    portable_dots(codes, ahead, xq, K, m0, g, dot, MC, 16);
+}
+#endif
+
+/* The same 16 rows' sums of group g against MC rows of x rounded to int8 (x8 below), x̂ in the
+   inputs' own order. A word's low nibbles are its row's inputs 0-3 of the run, one per byte, and
+   its high nibbles inputs 4-7 (the layout above), so masking the bytes gives four unsigned codes
+   per lane, multiplied by four signed x̂ at once: AVX-512 VNNI's VPDPBUSD, or VPMADDUBSW (|2·15·127|
+   fits 16 bits) then VPMADDWD by ones where the CPU lacks VNNI. Exact integer sums again, so every
+   build gives the same bits. */
+#if defined(ZENEDGE_AVX512)
+INLINE void group_dots8(const uint8_t *codes, const uint8_t *ahead, const int8_t *xq, int64_t K, int64_t m0,
+                        int64_t g, v16 *dot, const int MC) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    __m512i low[MAX_TILE], high[MAX_TILE];      /* inputs 0-3 and 4-7 of each run: two chains per row */
+    for (int i = 0; i < MC; i++)
+        low[i] = high[i] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+        PREFETCH_L2(ahead + (g * 4 + c) * 64);
+        const __m512i v = _mm512_loadu_si512((const void *)(codes + (g * 4 + c) * 64));
+        const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
+        for (int i = 0; i < MC; i++) {
+            int32_t first, second;
+            memcpy(&first, xq + (m0 + i) * K + g * 32 + c * 8, 4);
+            memcpy(&second, xq + (m0 + i) * K + g * 32 + c * 8 + 4, 4);
+#if defined(ZENEDGE_VNNI)
+            low[i] = _mm512_dpbusd_epi32(low[i], lo, _mm512_set1_epi32(first));
+            high[i] = _mm512_dpbusd_epi32(high[i], hi, _mm512_set1_epi32(second));
+#else
+            const __m512i pairs = _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32(first)),
+                                                   _mm512_maddubs_epi16(hi, _mm512_set1_epi32(second)));
+            low[i] = _mm512_add_epi32(low[i], _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+#endif
+            IN_REGISTERS(low[i]);
+            IN_REGISTERS(high[i]);
         }
-        dot[i] = v16_load(lanes);
     }
+    for (int i = 0; i < MC; i++)
+        dot[i] = _mm512_cvtepi32_ps(_mm512_add_epi32(low[i], high[i]));
+}
+#elif defined(ZENEDGE_AVX2)
+INLINE void group_dots8(const uint8_t *codes, const uint8_t *ahead, const int8_t *xq, int64_t K, int64_t m0,
+                        int64_t g, v16 *dot, const int MC) {
+    const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256i top[MAX_TILE], bottom[MAX_TILE];    /* rows 0-7, rows 8-15 */
+    for (int i = 0; i < MC; i++)
+        top[i] = bottom[i] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const uint8_t *at = codes + (g * 4 + c) * 64;
+        PREFETCH_L2(ahead + (g * 4 + c) * 64);
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)at), v1 = _mm256_loadu_si256((const __m256i *)(at + 32));
+        const __m256i lo0 = _mm256_and_si256(v0, mask), hi0 = _mm256_and_si256(_mm256_srli_epi32(v0, 4), mask);
+        const __m256i lo1 = _mm256_and_si256(v1, mask), hi1 = _mm256_and_si256(_mm256_srli_epi32(v1, 4), mask);
+        for (int i = 0; i < MC; i++) {
+            int32_t first, second;
+            memcpy(&first, xq + (m0 + i) * K + g * 32 + c * 8, 4);
+            memcpy(&second, xq + (m0 + i) * K + g * 32 + c * 8 + 4, 4);
+            const __m256i a = _mm256_set1_epi32(first), b = _mm256_set1_epi32(second);
+            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a), _mm256_maddubs_epi16(hi0, b));
+            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a), _mm256_maddubs_epi16(hi1, b));
+            top[i] = _mm256_add_epi32(top[i], _mm256_madd_epi16(p0, ones));
+            bottom[i] = _mm256_add_epi32(bottom[i], _mm256_madd_epi16(p1, ones));
+            IN_REGISTERS(top[i]);
+            IN_REGISTERS(bottom[i]);
+        }
+    }
+    for (int i = 0; i < MC; i++)
+        dot[i] = (v16){_mm256_cvtepi32_ps(top[i]), _mm256_cvtepi32_ps(bottom[i])};
+}
+#else
+/* NEON and the scalar build: the portable loop (NEON's dot products are a later step) */
+INLINE void group_dots8(const uint8_t *codes, const uint8_t *ahead, const int8_t *xq, int64_t K, int64_t m0,
+                        int64_t g, v16 *dot, const int MC) {
+    portable_dots(codes, ahead, xq, K, m0, g, dot, MC, 8);
 }
 #endif
 
 /* One block of 16 rows of W against MC rows of x from x row m0 (MC constant: unrolled) */
 INLINE void block(const uint8_t *codes, const uint8_t *ahead, const void *scale, const void *zero,
                   const x_rows *x, int64_t K, int64_t m0, float *y, int64_t N, int64_t n, const int MC,
-                  const int KIND) {
+                  const int KIND, const int BITS) {
     const int64_t groups = K / 32;
     v16 acc[MAX_TILE], dot[MAX_TILE];
     for (int i = 0; i < MC; i++)
         acc[i] = v16_zero();
     for (int64_t g = 0; g < groups; g++) {
-        group_dots(codes, ahead, (const int16_t *)x->codes, K, m0, g, dot, MC);
+        if (BITS == 8)
+            group_dots8(codes, ahead, (const int8_t *)x->codes, K, m0, g, dot, MC);
+        else
+            group_dots(codes, ahead, (const int16_t *)x->codes, K, m0, g, dot, MC);
         end_group(acc, dot, group_scales(scale, g, KIND), group_scales(zero, g, KIND), x, groups, m0, g, MC, KIND);
     }
     for (int i = 0; i < MC; i++)
         v16_store(y + (m0 + i) * N + n, acc[i]);
 }
 
-/* One kind's pass over every block (KIND constant: each kind its own copy of the loop) */
+/* One kind's pass over every block (KIND and BITS constant: each its own copy of the loop) */
 INLINE void all_blocks(const uint8_t *codes, const void *scale, const void *zero, const x_rows *rows, float *y,
-                       int64_t M, int64_t N, int64_t K, const int KIND) {
+                       int64_t M, int64_t N, int64_t K, const int KIND, const int BITS) {
     const int64_t block_bytes = ROWS * K / 2;
     const int64_t scale_bytes = ROWS * (K / 32) * (KIND == SCALES_F32 ? 4 : 2);
     for (int64_t b = 0; b < N / ROWS; b++) {
@@ -211,31 +297,45 @@ INLINE void all_blocks(const uint8_t *codes, const void *scale, const void *zero
         const void *s = (const uint8_t *)scale + b * scale_bytes, *z = (const uint8_t *)zero + b * scale_bytes;
         for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {
             switch (M - m0 >= MAX_TILE ? MAX_TILE : (int)(M - m0)) {
-            case 4: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 4, KIND); break;
-            case 3: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 3, KIND); break;
-            case 2: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 2, KIND); break;
-            default: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 1, KIND); break;
+            case 4: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 4, KIND, BITS); break;
+            case 3: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 3, KIND, BITS); break;
+            case 2: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 2, KIND, BITS); break;
+            default: block(c, ahead, s, z, rows, K, m0, y, N, b * ROWS, 1, KIND, BITS); break;
             }
         }
     }
 }
 
-/* The product with scales of the given kind (SCALES_*); -2 also for a kind it does not know */
-int zenedge_int4_gemm_scaled(const float *x, const uint8_t *codes, const void *scale, const void *zero,
-                             float *y, int64_t M, int64_t N, int64_t K, int64_t kind) {
+/* The product with scales of the given kind (SCALES_*), x rounded to `bits` (16: in PAIR's order
+   for group_dots; 8: in order for group_dots8); -2 also for a kind or bits it does not know */
+INLINE int product(const float *x, const uint8_t *codes, const void *scale, const void *zero, float *y, int64_t M,
+                   int64_t N, int64_t K, int64_t kind, const int BITS) {
     if (K % 64 || K > MAX_INPUTS || N % ROWS || kind < SCALES_BF16 || kind > SCALES_F32)
         return -2;
     x_rows rows;
-    if (x_rows_make(&rows, x, M, K, K, 16, PAIR))
+    if (x_rows_make(&rows, x, M, K, K, BITS, BITS == 8 ? NULL : PAIR))
         return -1;
     if (kind == SCALES_F32)
-        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_F32);
+        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_F32, BITS);
     else if (kind == SCALES_F16)
-        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_F16);
+        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_F16, BITS);
     else
-        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_BF16);
+        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_BF16, BITS);
     x_rows_free(&rows);
     return 0;
+}
+
+int zenedge_int4_gemm_scaled(const float *x, const uint8_t *codes, const void *scale, const void *zero,
+                             float *y, int64_t M, int64_t N, int64_t K, int64_t kind) {
+    return product(x, codes, scale, zero, y, M, N, K, kind, 16);
+}
+
+/* The same product with x rounded to int8 per group of 32 (d = max|x| / 127, as llama.cpp's Q8_0
+   for its 4-bit formats): twice the products per instruction, at about 4e-3 of a product's size
+   instead of 2e-5 (BENCHMARKS.md: the answer loss it costs) */
+int zenedge_int4_gemm_x8(const float *x, const uint8_t *codes, const void *scale, const void *zero,
+                         float *y, int64_t M, int64_t N, int64_t K, int64_t kind) {
+    return product(x, codes, scale, zero, y, M, N, K, kind, 8);
 }
 
 int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,

@@ -9,6 +9,8 @@ int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scal
                       float *y, int64_t M, int64_t N, int64_t K);
 int zenedge_int4_gemm_scaled(const float *x, const uint8_t *codes, const void *scale, const void *zero,
                              float *y, int64_t M, int64_t N, int64_t K, int64_t kind);
+int zenedge_int4_gemm_x8(const float *x, const uint8_t *codes, const void *scale, const void *zero,
+                         float *y, int64_t M, int64_t N, int64_t K, int64_t kind);
 int zenedge_int8_gemm(const float *x, const int8_t *codes, const uint16_t *scale, float *y, int64_t M,
                       int64_t N, int64_t K);
 int zenedge_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t K, float eps);

@@ -480,8 +480,8 @@ class DecodePath(BaseModel):
     weights: str = Field(description='the CPU matmul weight format: "full", "int8" or "int4" ("full" on CUDA)')
     native_kernels: bool = Field(description="zenedge's C kernels for the CPU are loaded")
     native_kernels_off: str | None = Field(None, description="why they are not")
-    native_isa: str | None = Field(None, description='the instruction set they are built for: "avx512", "avx2", '
-                                                     '"neon" or "scalar"')
+    native_isa: str | None = Field(None, description='the instruction set they are built for: "avx512vnni", '
+                                                     '"avx512", "avx2", "neon" or "scalar"')
     native_isa_why: str | None = Field(None, description="why that one (the CPU's features, or ZENEDGE_CPU_ISA)")
     lean_refused: str | None = Field(None, description="why the forward is not the lean one")
     c_step_fallback: str | None = Field(None, description="why the latest decode batch ran the Python step, not "

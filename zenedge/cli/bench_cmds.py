@@ -52,7 +52,7 @@ def _base_dir(base_name: str | None, base_dir: Path | None) -> Path | None:
 @click.option("--llama-bench", "llama_bench", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               default=None, help="A built llama.cpp llama-bench: its decode of the same GGUF as peer rows "
                                  "(default: $ZENEDGE_LLAMA_BENCH; none: the rows are skipped).")
-@click.option("--isa", type=click.Choice(["avx512", "avx2", "neon", "scalar", "off"]), default=None,
+@click.option("--isa", type=click.Choice(["avx512vnni", "avx512", "avx2", "neon", "scalar", "off"]), default=None,
               help="The C kernels' instruction set (as ZENEDGE_CPU_ISA; default: the best this CPU runs), e.g. "
                    "avx2 on an AVX-512 machine to measure what laptops without AVX-512 get.")
 @json_option

@@ -80,6 +80,10 @@ int main(void) {
                 return 1;
             snprintf(name, sizeof name, "int4-%d", (int)M);
             print(name, y, M * N);
+            if (zenedge_int4_gemm_x8(x, codes, scale, zero, y, M, N, K, 0))   /* x rounded to int8 */
+                return 1;
+            snprintf(name, sizeof name, "int4x8-%d", (int)M);
+            print(name, y, M * N);
             free(x);
             free(y);
         }

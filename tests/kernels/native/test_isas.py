@@ -1,6 +1,6 @@
 """Every instruction set's build of the C kernels against the scalar reference, bit for bit.
 
-lanes.h and the kernels are written so that AVX-512, AVX2, NEON and the portable scalar build
+lanes.h and the kernels are written so that AVX-512 (with VNNI or not), AVX2, NEON and the portable scalar build
 round alike: a request decodes the same tokens on any laptop as on a server. Each build this CPU
 runs is compared here on every kernel; ARM64 NEON is compared under qemu (test_neon.py).
 """
@@ -36,6 +36,10 @@ def outputs(lib) -> dict[str, torch.Tensor]:
         assert lib.zenedge_int4_gemm(x.data_ptr(), codes.data_ptr(), block_scale.data_ptr(), block_zero.data_ptr(),
                                      y.data_ptr(), m, rows, inputs) == 0
         found[f"int4 {m}"] = y
+        y = torch.empty(m, rows)
+        assert lib.zenedge_int4_gemm_x8(x.data_ptr(), codes.data_ptr(), block_scale.data_ptr(), block_zero.data_ptr(),
+                                        y.data_ptr(), m, rows, inputs, 0) == 0
+        found[f"int4 x8 {m}"] = y
     for dtype in (torch.float16, torch.float32):      # a GGUF file's scales: W = q·s + m
         codes, block_scale, block_zero = native.int4_layout(q, scale.to(dtype), zero.to(dtype))
         for m in (1, 6):
@@ -45,6 +49,11 @@ def outputs(lib) -> dict[str, torch.Tensor]:
                                                 block_zero.data_ptr(), y.data_ptr(), m, rows, inputs,
                                                 native.SCALE_KINDS[dtype]) == 0
             found[f"int4 {dtype} {m}"] = y
+            y = torch.empty(m, rows)
+            assert lib.zenedge_int4_gemm_x8(x.data_ptr(), codes.data_ptr(), block_scale.data_ptr(),
+                                            block_zero.data_ptr(), y.data_ptr(), m, rows, inputs,
+                                            native.SCALE_KINDS[dtype]) == 0
+            found[f"int4 x8 {dtype} {m}"] = y
     rows8 = 37                                        # a partial last block
     codes8 = torch.randint(-127, 128, (rows8, 96), generator=g, dtype=torch.int8)
     scale8 = (torch.rand(rows8, 3, generator=g) * 0.01).half()
@@ -150,7 +159,7 @@ def test_an_instruction_set_this_cpu_cannot_run_is_a_one_line_error():
     out = _in_process("print(native.off_reason())", missing)     # what doctor and /api/ps show
     assert out.stdout.startswith(f"ZENEDGE_CPU_ISA={missing}, but this CPU does not run it (it lacks ")
     out = _in_process("native.library()", "sse9")
-    assert "ZENEDGE_CPU_ISA='sse9' is not one of avx512, avx2, neon, scalar, off" in out.stderr
+    assert "ZENEDGE_CPU_ISA='sse9' is not one of avx512vnni, avx512, avx2, neon, scalar, off" in out.stderr
 
 
 def test_doctor_names_the_instruction_set(tmp_path):

@@ -37,7 +37,7 @@ def _outputs(command: list[str]) -> dict[str, str]:
 def test_the_driver_covers_every_kernel(tmp_path):
     outputs = _outputs([str(_driver(native.paths.c_compiler(), tmp_path / "scalar"))])
     kernels = {name.split("-")[0] for name in outputs}
-    assert kernels == {"int4", "int8", "rms_norm", "attention", "lora", "signs", "sign_dense", "silu_mul"}
+    assert kernels == {"int4", "int4x8", "int8", "rms_norm", "attention", "lora", "signs", "sign_dense", "silu_mul"}
     assert all(len(bits.split()) > 0 for bits in outputs.values())
 
 
