@@ -68,6 +68,8 @@ def main() -> int:
                         help='pool.compress_to = "off": the pool merges at once instead of re-storing smaller first')
     parser.add_argument("--own-answers", action="store_true",
                         help="the eval set's answers are the newcomer's own greedy ones (it has a gain)")
+    parser.add_argument("--activations", choices=("int16", "int8"), default=None,
+                        help="runtime.activations (default: the config's default)")
     parser.add_argument("--cold", action="store_true",
                         help="the import's load is the base's first (no resident file yet)")
     args = parser.parse_args()
@@ -76,8 +78,8 @@ def main() -> int:
     home, adapters = args.work / "home", args.work / "adapters"
     adapters.mkdir(parents=True)
     config = args.work / "config.toml"
-    if args.merge_only:
-        config.write_text('[pool]\ncompress_to = "off"\n')
+    config.write_text(('[pool]\ncompress_to = "off"\n' if args.merge_only else "")
+                      + (f'[runtime]\nactivations = "{args.activations}"\n' if args.activations else ""))
     env = {**os.environ, "ZENEDGE_HOME": str(home), "ZENEDGE_CONFIG": str(config), "PYTHONPATH": str(ROOT)}
     started = time.perf_counter()
     _zenedge(env, "base", "add", str(args.base), "--name", args.name)

@@ -62,3 +62,27 @@ def test_a_refused_attempt_measured_again_keeps_its_proxy(store, tmp_path, make_
     gates = [p for p in result.profile["phases"] if p["phase"] == "gate"]
     assert gates, result.profile
     assert len([g for g in gates if g.get("member") == "alpha"]) == 1, gates
+
+
+def test_anchors_measured_another_way_are_measured_again(engine, peft_adapter, tmp_path):
+    """An original member's stored anchors count only when they were read as the gate reads now
+    (its scorer: `runtime.activations = "int8"` names another); else the gate measures them anew."""
+    from zenedge.pool.gate import Member
+    from zenedge.pool.phases import Phases
+
+    resident, variant = _variant(engine, peft_adapter(seed=5))
+    gate = QualityGate(resident)
+    eval_path = tmp_path / "eval.jsonl"
+    eval_path.write_text("".join(json.dumps({"prompt": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
+                                 for i in range(4)))
+    digest, examples = gate.encoded(eval_path)
+    n = len(examples)
+    per_example = {"order": digest, "base": [1.0] * n, "own": [0.5] * n, "base_hits": [0] * n, "own_hits": [1] * n}
+
+    def prepared(scorer: str):
+        quality = {"metric": "loss", "scorer": scorer, "per_example": per_example}
+        return gate._prepare(Member("p", eval_path, quality, variant, True), Phases())
+
+    assert prepared(gate.scorer).base == [1.0] * n
+    again = prepared(gate.scorer + "-x8")
+    assert again.base == [] and again.own == [] and again.population == n

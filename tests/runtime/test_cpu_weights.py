@@ -43,6 +43,28 @@ def test_the_kernel_multiplies_by_the_dequantized_weight(kind):
 
 
 @needs["native"]
+def test_int8_activations_round_x_to_int8_where_set():
+    """`runtime.activations = "int8"`: the product is the dequantized weight times x rounded to int8
+    per group of 32 (native.rounded(x, 8)); "int16" is back to the finer rounding."""
+    torch.manual_seed(0)
+    fast = NativeInt4Weight(torch.randn(48, 128) * 0.05)
+    x = torch.randn(7, 128)
+    deq = fast.dequantized().float()
+    try:
+        cpu_weights.set_activations("int8")
+        assert cpu_weights.int8_activations()
+        coarse = fast.linear(x, None)
+    finally:
+        cpu_weights.set_activations("int16")
+    torch.testing.assert_close(coarse, native.rounded(x, 8) @ deq.t(), rtol=1e-5, atol=1e-5)
+    fine = fast.linear(x, None)
+    torch.testing.assert_close(fine, native.rounded(x, 16) @ deq.t(), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(coarse, fine, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="int16, int8"):
+        cpu_weights.set_activations("int4")
+
+
+@needs["native"]
 @needs["int4"]
 @pytest.mark.parametrize("rows", [1, 3, 16])
 def test_the_native_int4_kernel_multiplies_by_torchs_int4_weights(rows):

@@ -36,7 +36,7 @@ from zenedge.evaluation import (EncodedExample, EvalSetError, encode_example, ex
 from zenedge.pool.phases import Phases
 from zenedge.pool.verdict import (FLOOR, MIN_EXAMPLES, Verdict, accuracy_verdict, retention, verdict,
                                   verdict_of)
-from zenedge.runtime import threads
+from zenedge.runtime import cpu_weights, threads
 from zenedge.runtime.backbone import hidden_states, prefix_states, read_prefix, right_padded
 from zenedge.runtime.model import ResidentModel
 from zenedge.runtime.prompts import chat_ids
@@ -130,14 +130,13 @@ class QualityGate:
     def scorer(self) -> str:
         """What the losses were computed on; stored with anchors (for diagnosis)."""
         dtype = "bfloat16" if self._autocast else str(self.resident.dtype).replace("torch.", "")
-        return f"{self.resident.device.type}-{dtype}"
+        x8 = "-x8" if self.resident.weights == "int4" and cpu_weights.int8_activations() else ""
+        return f"{self.resident.device.type}-{dtype}{x8}"
 
     @property
     def _autocast(self) -> bool:
-        from zenedge.runtime.cpu_weights import onednn_bf16_available
-
         return (self.resident.device.type == "cpu" and self.resident.dtype == torch.float32
-                and onednn_bf16_available())
+                and cpu_weights.onednn_bf16_available())
 
     def _precision(self):
         if self._autocast:
@@ -280,6 +279,8 @@ class QualityGate:
             self._check_claims([member], phases)  # a no-op where `check` did it for every member at once
             if not self._confirmed()[claim]:
                 per_example = None  # the registry's anchors are not this base's numbers: measure them here
+        elif member.original and quality.get("scorer", self.scorer) != self.scorer:
+            per_example = None  # measured another way (runtime.activations changed since): measure them again
         if per_example and per_example.get("order") == digest:
             known = len(per_example["base"])
             population = len(examples) if member.original else known
@@ -443,9 +444,11 @@ class QualityGate:
     def _log_probs(self, variant: Variant | None) -> tuple[torch.Tensor, torch.Tensor]:
         """log p at every position of the generic prompts under `variant` ([N, V]), and how many
         prompts each position stands for ([N]). The base's are read once per resident model: every
-        proxy compares with them."""
-        if variant is None and self.resident.model in _BASE_LOG_PROBS:
-            return _BASE_LOG_PROBS[self.resident.model]
+        proxy compares with them (again after `runtime.activations` changed: a reload)."""
+        rounding = cpu_weights.int8_activations()
+        cached = _BASE_LOG_PROBS.get(self.resident.model)
+        if variant is None and cached is not None and cached[0] == rounding:
+            return cached[1]
         rows = [chat_ids(self.resident.tokenizer, [{"role": "user", "content": p}]) for p in GENERIC_PROMPTS]
         skip = shared_length(rows)
         if supports_prefix(self.resident.model) and skip >= MIN_SHARED:
@@ -453,7 +456,7 @@ class QualityGate:
         else:
             read = self._read_whole(variant, rows)
         if variant is None:
-            _BASE_LOG_PROBS[self.resident.model] = read
+            _BASE_LOG_PROBS[self.resident.model] = rounding, read
         return read
 
     def _read_whole(self, variant: Variant | None, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,9 @@ from memory, so the lever is fewer bytes per weight read by a kernel that keeps 
   zenedge's own C kernel (kernels/native/int4_gemv.c, built on first use where a C compiler is
   found), which rounds x to int16 per group of 32 (finer than bf16) and sums in integers: it
   takes and returns fp32 and keeps close to memory speed at one row. The int4 format's default
-  wherever it builds; `Int4Weight` everywhere else.
+  wherever it builds; `Int4Weight` everywhere else. `runtime.activations = "int8"` rounds x to
+  int8 instead: twice the products per instruction, which a many-row read (prefill, scoring) is
+  bound by, at about 5e-3 of a product's size instead of 2e-5 (BENCHMARKS.md).
 - `NativeInt8Weight`: int8 in groups of 32 inputs with an fp16 scale each (llama.cpp's Q8_0),
   zenedge's C kernel (kernels/native/int8_gemv.c): the output head of an int4 model where it builds
   (the largest weight of a step, about half of bf16's bytes); for the embedded base, whose GGUF
@@ -54,6 +56,24 @@ import torch
 import torch.nn.functional as F
 
 from zenedge.kernels import native
+
+ACTIVATIONS = ("int16", "int8")   # runtime.activations
+_activations = ["int16"]          # the process's setting (`set_activations`)
+
+
+def set_activations(setting: str) -> None:
+    """How NativeInt4Weight rounds x, process-wide (the engine, from `runtime.activations`):
+    "int16", or "int8" for every product run from Python (prefill, the quality gate's scoring; the
+    C decode step reads one row, bound by memory, and keeps int16)."""
+    if setting not in ACTIVATIONS:
+        raise ValueError(f"activations {setting!r} is not one of {', '.join(ACTIVATIONS)}")
+    _activations[0] = setting
+
+
+def int8_activations() -> bool:
+    """Whether an int4 product rounds x to int8 (`set_activations`)."""
+    return _activations[0] == "int8"
+
 
 class CpuWeight:
     """A matmul-only copy of an [out, in] weight: `linear(x, bias)` == F.linear(x, W, bias) up to
@@ -216,7 +236,7 @@ class NativeInt4Weight(CpuWeight):
         # What every call passes, looked up once: the pointers together with their tensors, in
         # one attribute, so a call that read it holds the memory it points to even if `stacked`
         # swaps the tensors for views of a stacked copy meanwhile (another thread).
-        self._kernel = native.int4_gemm_scaled()
+        self._kernel, self._kernel_x8 = native.int4_gemm_scaled(), native.int4_gemm_x8()
         tensors = (self.codes, self.scale, self.zero)
         self._weights = (tensors, tuple(t.data_ptr() for t in tensors))
 
@@ -236,7 +256,8 @@ class NativeInt4Weight(CpuWeight):
         x = flat.float().contiguous()
         y = torch.empty((x.shape[0], self.rows), dtype=torch.float32)   # what the kernel writes
         held, pointers = self._weights                  # `held` keeps the weights alive for the call
-        kernel, rows, inputs, kind = self._kernel, self.rows, self.inputs, self.kind
+        kernel = self._kernel_x8 if int8_activations() else self._kernel
+        rows, inputs, kind = self.rows, self.inputs, self.kind
 
         def product(start, count):
             if kernel(x[start].data_ptr(), *pointers, y[start].data_ptr(), count, rows, inputs, kind):

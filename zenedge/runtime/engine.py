@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 from zenedge import bases
 from zenedge.config import Config
 from zenedge.errors import InvalidInput
-from zenedge.runtime import threads
+from zenedge.runtime import cpu_weights, threads
 from zenedge.runtime import tools as calling
 from zenedge.runtime.cache import DeltaCache
 from zenedge.runtime.decode import decode_path
@@ -64,7 +64,7 @@ class Engine:
         CLI process), which runs on the plain weights: no decode-format copies are made (their
         conversion costs time and memory the process would never use)."""
         self.store = store
-        self.cfg = cfg
+        self.use_config(cfg)
         self.threads = threads.configure(cfg.runtime.threads)
         self.device = pick_device(cfg.runtime.device)
         self.dtype = pick_dtype(cfg.runtime.dtype, self.device)
@@ -75,6 +75,12 @@ class Engine:
         self.progress = progress
         self._residents: dict[str, ResidentModel] = {}
         self._resident_lock = threading.Lock()
+
+    def use_config(self, cfg: Config) -> None:
+        """The config in force (at start, and after a reload): the settings read per request come
+        from it; the int4 kernel's rounding of inputs is set here."""
+        self.cfg = cfg
+        cpu_weights.set_activations(cfg.runtime.activations)
 
     def pinned_ids(self) -> set[str]:
         """Adapters the cache must keep: the store's answer, with the config in force (reloads included)."""

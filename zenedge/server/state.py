@@ -64,7 +64,7 @@ class DaemonState:
     def apply_config(self, cfg: Config) -> list[str]:
         """Put a re-read config in force without a restart; return what changed."""
         old, self.cfg = self.cfg, cfg
-        self.engine.cfg = cfg
+        self.engine.use_config(cfg)
         changed = cfg.changes(old)
         self.engine.cache.set_budget(cfg.runtime.cache_budget)  # pins: the engine reads them from cfg
         self.scheduler.max_queue = cfg.server.max_queue
