@@ -118,7 +118,11 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
             for (int i = 0; i < MC; i++) {
                 int32_t pair;
                 memcpy(&pair, xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
+#if defined(ZENEDGE_VNNI)   /* the multiply-add and the add in one instruction: the same sum */
+                sums[i] = _mm512_dpwssd_epi32(sums[i], a, _mm512_set1_epi32(pair));
+#else
                 sums[i] = _mm512_add_epi32(sums[i], _mm512_madd_epi16(a, _mm512_set1_epi32(pair)));
+#endif
                 IN_REGISTERS(sums[i]);
             }
         }
