@@ -180,16 +180,13 @@ class QualityGate:
             skip = shared_prefix(examples) if supports_prefix(model) else 0
             skip = skip if skip >= MIN_SHARED else 0
             plans.append((variants, examples, tuple(examples[0].prompt_ids[:skip]) if skip else None))
-        prefixes: dict[tuple[str | None, tuple[int, ...]], Variant | None] = {}
-        for variants, _, ids in plans:
+        states: dict[tuple[str | None, tuple[int, ...]], list] = {}
+        for variants, _, ids in plans:       # computed before the lanes start: they only read them
             for variant in variants if ids else ():
-                prefixes.setdefault((variant.key if variant else None, ids), variant)
-
-        def read(key) -> list:               # one variant's prefix, on a lane
-            with self.resident.state.using([prefixes[key]], plain=True), self._precision():
-                return prefix_states(model, key[1])
-        # read before the batches start (they only read them), the variants' prefixes side by side
-        states = dict(zip(prefixes, threads.map_lanes(read, list(prefixes))))
+                key = (variant.key if variant else None, ids)
+                if key not in states:
+                    with self.resident.state.using([variant], plain=True), self._precision():
+                        states[key] = prefix_states(model, ids)
 
         def run(plan) -> tuple[torch.Tensor, torch.Tensor]:
             variants, examples, ids = plan
