@@ -233,7 +233,7 @@ export interface DecodePath {
   native_kernels: boolean;
   /** why they are not */
   native_kernels_off?: string | null;
-  /** the instruction set they are built for: "avx512", "avx2", "neon" or "scalar" */
+  /** the instruction set they are built for: "avx512vnni", "avx512", "avx2", "neon" or "scalar" */
   native_isa?: string | null;
   /** why that one (the CPU's features, or ZENEDGE_CPU_ISA) */
   native_isa_why?: string | null;
