@@ -91,8 +91,9 @@ INLINE void portable_dots(const uint8_t *codes, const uint8_t *ahead, const void
                     const uint8_t byte = codes[(g * 4 + c) * 64 + 4 * j + t];
                     const int64_t low = at + c * 8 + (BITS == 8 ? t : SLOT[t]);
                     const int64_t high = at + c * 8 + (BITS == 8 ? 4 + t : SLOT[4 + t]);
-                    sum += BITS == 8 ? (byte & 0xF) * ((const int8_t *)xq)[low] + (byte >> 4) * ((const int8_t *)xq)[high]
-                                     : (byte & 0xF) * ((const int16_t *)xq)[low] + (byte >> 4) * ((const int16_t *)xq)[high];
+                    const int32_t a = BITS == 8 ? ((const int8_t *)xq)[low] : ((const int16_t *)xq)[low];
+                    const int32_t b = BITS == 8 ? ((const int8_t *)xq)[high] : ((const int16_t *)xq)[high];
+                    sum += (byte & 0xF) * a + (byte >> 4) * b;
                 }
             lanes[j] = (float)sum;
         }
@@ -100,35 +101,58 @@ INLINE void portable_dots(const uint8_t *codes, const uint8_t *ahead, const void
     }
 }
 
+/* The 16 rows' sums of group g against MC rows of x, per instruction set. x̂ is int16 in PAIR's order
+   (BITS 16: each nibble pair k of a word, shifted and masked, times x̂'s matching pair broadcast) or
+   int8 in the inputs' own order (BITS 8, `runtime.activations = "int8"`: a word's low nibbles are its
+   row's inputs 0-3 of the run, one per byte, and its high nibbles inputs 4-7, so a byte mask gives
+   four unsigned codes per lane, multiplied by four signed x̂ at once: VNNI's VPDPBUSD, or VPMADDUBSW,
+   |2·15·127| fitting 16 bits, then VPMADDWD by ones). Exact integer sums either way. */
 #if defined(ZENEDGE_AVX512)
-/* The 16 rows' sums of group g against MC rows of x: per 8 inputs, the 16 rows' words in one
-   vector; each nibble pair k, shifted and masked, times x̂'s matching pair broadcast (AVX2's loop
-   at twice the width) */
-INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t *xq, int64_t K, int64_t m0,
-                       int64_t g, v16 *dot, const int MC) {
-    const __m512i mask = _mm512_set1_epi32(0x000F000F);
-    __m512i sums[MAX_TILE];
+/* the 16 rows' words of 8 inputs in one vector (AVX2's loop at twice the width) */
+INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const void *xq, int64_t K, int64_t m0,
+                       int64_t g, v16 *dot, const int MC, const int BITS) {
+    const __m512i pairs = _mm512_set1_epi32(0x000F000F), nibbles = _mm512_set1_epi8(0x0F);
+    __m512i sums[2][MAX_TILE];      /* int8 x: inputs 0-3 and 4-7 of each run, two chains per row */
     for (int i = 0; i < MC; i++)
-        sums[i] = _mm512_setzero_si512();
+        sums[0][i] = sums[1][i] = _mm512_setzero_si512();
     for (int c = 0; c < 4; c++) {
         PREFETCH_L2(ahead + (g * 4 + c) * 64);
         const __m512i v = _mm512_loadu_si512((const void *)(codes + (g * 4 + c) * 64));
+        if (BITS == 8) {
+            const __m512i lo = _mm512_and_si512(v, nibbles), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), nibbles);
+            for (int i = 0; i < MC; i++) {
+                int32_t first, second;
+                memcpy(&first, (const int8_t *)xq + (m0 + i) * K + g * 32 + c * 8, 4);
+                memcpy(&second, (const int8_t *)xq + (m0 + i) * K + g * 32 + c * 8 + 4, 4);
+#if defined(ZENEDGE_VNNI)
+                sums[0][i] = _mm512_dpbusd_epi32(sums[0][i], lo, _mm512_set1_epi32(first));
+                sums[1][i] = _mm512_dpbusd_epi32(sums[1][i], hi, _mm512_set1_epi32(second));
+#else
+                const __m512i both = _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32(first)),
+                                                      _mm512_maddubs_epi16(hi, _mm512_set1_epi32(second)));
+                sums[0][i] = _mm512_add_epi32(sums[0][i], _mm512_madd_epi16(both, _mm512_set1_epi16(1)));
+#endif
+                IN_REGISTERS(sums[0][i]);
+                IN_REGISTERS(sums[1][i]);
+            }
+            continue;
+        }
         for (int k = 0; k < 4; k++) {
-            const __m512i a = k == 3 ? _mm512_srli_epi16(v, 12) : _mm512_and_si512(_mm512_srli_epi32(v, 4 * k), mask);
+            const __m512i a = k == 3 ? _mm512_srli_epi16(v, 12) : _mm512_and_si512(_mm512_srli_epi32(v, 4 * k), pairs);
             for (int i = 0; i < MC; i++) {
                 int32_t pair;
-                memcpy(&pair, xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
+                memcpy(&pair, (const int16_t *)xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
 #if defined(ZENEDGE_VNNI)   /* the multiply-add and the add in one instruction: the same sum */
-                sums[i] = _mm512_dpwssd_epi32(sums[i], a, _mm512_set1_epi32(pair));
+                sums[0][i] = _mm512_dpwssd_epi32(sums[0][i], a, _mm512_set1_epi32(pair));
 #else
-                sums[i] = _mm512_add_epi32(sums[i], _mm512_madd_epi16(a, _mm512_set1_epi32(pair)));
+                sums[0][i] = _mm512_add_epi32(sums[0][i], _mm512_madd_epi16(a, _mm512_set1_epi32(pair)));
 #endif
-                IN_REGISTERS(sums[i]);
+                IN_REGISTERS(sums[0][i]);
             }
         }
     }
     for (int i = 0; i < MC; i++)
-        dot[i] = _mm512_cvtepi32_ps(sums[i]);
+        dot[i] = _mm512_cvtepi32_ps(BITS == 8 ? _mm512_add_epi32(sums[0][i], sums[1][i]) : sums[0][i]);
 }
 #elif defined(ZENEDGE_AVX2)
 /* Nibble pair k of every 16-bit half of v as 16-bit lanes (the top one needs only the shift) */
@@ -136,11 +160,15 @@ INLINE __m256i nibble_pair(__m256i v, int k, __m256i mask) {
     return k == 3 ? _mm256_srli_epi16(v, 12) : _mm256_and_si256(_mm256_srli_epi32(v, 4 * k), mask);
 }
 
-/* The 16 rows' sums of group g against MC rows of x: per 8 inputs, rows 0-7 and 8-15 in two
-   vectors; each nibble pair k, shifted and masked, times x̂'s matching pair broadcast */
-INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t *xq, int64_t K, int64_t m0,
-                       int64_t g, v16 *dot, const int MC) {
-    const __m256i mask = _mm256_set1_epi32(0x000F000F);
+/* Inputs 0-3 (high: 4-7) of every 32-bit word's run as bytes (int8 x) */
+INLINE __m256i nibble_bytes(__m256i v, int high, __m256i mask) {
+    return _mm256_and_si256(high ? _mm256_srli_epi32(v, 4) : v, mask);
+}
+
+/* rows 0-7 and 8-15 in two vectors */
+INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const void *xq, int64_t K, int64_t m0,
+                       int64_t g, v16 *dot, const int MC, const int BITS) {
+    const __m256i pairs = _mm256_set1_epi32(0x000F000F), nibbles = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256i top[MAX_TILE], bottom[MAX_TILE];    /* rows 0-7, rows 8-15 */
     for (int i = 0; i < MC; i++)
         top[i] = bottom[i] = _mm256_setzero_si256();
@@ -148,11 +176,28 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
         const uint8_t *at = codes + (g * 4 + c) * 64;
         PREFETCH_L2(ahead + (g * 4 + c) * 64);
         const __m256i v0 = _mm256_loadu_si256((const __m256i *)at), v1 = _mm256_loadu_si256((const __m256i *)(at + 32));
+        if (BITS == 8) {
+            const __m256i lo0 = nibble_bytes(v0, 0, nibbles), hi0 = nibble_bytes(v0, 1, nibbles);
+            const __m256i lo1 = nibble_bytes(v1, 0, nibbles), hi1 = nibble_bytes(v1, 1, nibbles);
+            for (int i = 0; i < MC; i++) {
+                int32_t first, second;
+                memcpy(&first, (const int8_t *)xq + (m0 + i) * K + g * 32 + c * 8, 4);
+                memcpy(&second, (const int8_t *)xq + (m0 + i) * K + g * 32 + c * 8 + 4, 4);
+                const __m256i a = _mm256_set1_epi32(first), b = _mm256_set1_epi32(second);
+                const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a), _mm256_maddubs_epi16(hi0, b));
+                const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a), _mm256_maddubs_epi16(hi1, b));
+                top[i] = _mm256_add_epi32(top[i], _mm256_madd_epi16(p0, ones));
+                bottom[i] = _mm256_add_epi32(bottom[i], _mm256_madd_epi16(p1, ones));
+                IN_REGISTERS(top[i]);
+                IN_REGISTERS(bottom[i]);
+            }
+            continue;
+        }
         for (int k = 0; k < 4; k++) {
-            const __m256i a = nibble_pair(v0, k, mask), b = nibble_pair(v1, k, mask);
+            const __m256i a = nibble_pair(v0, k, pairs), b = nibble_pair(v1, k, pairs);
             for (int i = 0; i < MC; i++) {
                 int32_t pair;
-                memcpy(&pair, xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
+                memcpy(&pair, (const int16_t *)xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
                 const __m256i xb = _mm256_set1_epi32(pair);
                 top[i] = _mm256_add_epi32(top[i], _mm256_madd_epi16(a, xb));
                 bottom[i] = _mm256_add_epi32(bottom[i], _mm256_madd_epi16(b, xb));
@@ -165,17 +210,22 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
         dot[i] = (v16){_mm256_cvtepi32_ps(top[i]), _mm256_cvtepi32_ps(bottom[i])};
 }
 #elif defined(ZENEDGE_NEON)
-/* NEON: the same sums, four rows per register: each nibble pair k as two 16-bit lanes per row,
-   widening multiplies by x̂'s pair, added pairwise into one 32-bit sum per row */
-INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t *xq, int64_t K, int64_t m0,
-                       int64_t g, v16 *dot, const int MC) {
+/* NEON, int16 x: four rows per register, each nibble pair k as two 16-bit lanes per row, widening
+   multiplies by x̂'s pair, added pairwise into one 32-bit sum per row. int8 x: the portable loop
+   (NEON's dot products are a later step). */
+INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const void *xq, int64_t K, int64_t m0,
+                       int64_t g, v16 *dot, const int MC, const int BITS) {
+    if (BITS == 8) {
+        portable_dots(codes, ahead, xq, K, m0, g, dot, MC, 8);
+        return;
+    }
     PREFETCH_L2(ahead + g * 4 * 64);
     for (int i = 0; i < MC; i++) {
         int32x4_t sums[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
         for (int c = 0; c < 4; c++)
             for (int k = 0; k < 4; k++) {
                 int32_t pair;
-                memcpy(&pair, xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
+                memcpy(&pair, (const int16_t *)xq + (m0 + i) * K + g * 32 + c * 8 + 2 * k, 4);
                 const int16x8_t xb = vreinterpretq_s16_s32(vdupq_n_s32(pair));
                 for (int h = 0; h < 4; h++) {   /* rows 4h..4h+3 */
                     const uint32x4_t v = vld1q_u32((const uint32_t *)(codes + (g * 4 + c) * 64 + 16 * h));
@@ -189,83 +239,10 @@ INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t
     }
 }
 #else
-/* The portable loop (the scalar build): the same integer sums */
-INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const int16_t *xq, int64_t K, int64_t m0,
-                       int64_t g, v16 *dot, const int MC) {
-    portable_dots(codes, ahead, xq, K, m0, g, dot, MC, 16);
-}
-#endif
-
-/* The same 16 rows' sums of group g against MC rows of x rounded to int8 (x8 below), x̂ in the
-   inputs' own order. A word's low nibbles are its row's inputs 0-3 of the run, one per byte, and
-   its high nibbles inputs 4-7 (the layout above), so masking the bytes gives four unsigned codes
-   per lane, multiplied by four signed x̂ at once: AVX-512 VNNI's VPDPBUSD, or VPMADDUBSW (|2·15·127|
-   fits 16 bits) then VPMADDWD by ones where the CPU lacks VNNI. Exact integer sums again, so every
-   build gives the same bits. */
-#if defined(ZENEDGE_AVX512)
-INLINE void group_dots8(const uint8_t *codes, const uint8_t *ahead, const int8_t *xq, int64_t K, int64_t m0,
-                        int64_t g, v16 *dot, const int MC) {
-    const __m512i mask = _mm512_set1_epi8(0x0F);
-    __m512i low[MAX_TILE], high[MAX_TILE];      /* inputs 0-3 and 4-7 of each run: two chains per row */
-    for (int i = 0; i < MC; i++)
-        low[i] = high[i] = _mm512_setzero_si512();
-    for (int c = 0; c < 4; c++) {
-        PREFETCH_L2(ahead + (g * 4 + c) * 64);
-        const __m512i v = _mm512_loadu_si512((const void *)(codes + (g * 4 + c) * 64));
-        const __m512i lo = _mm512_and_si512(v, mask), hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), mask);
-        for (int i = 0; i < MC; i++) {
-            int32_t first, second;
-            memcpy(&first, xq + (m0 + i) * K + g * 32 + c * 8, 4);
-            memcpy(&second, xq + (m0 + i) * K + g * 32 + c * 8 + 4, 4);
-#if defined(ZENEDGE_VNNI)
-            low[i] = _mm512_dpbusd_epi32(low[i], lo, _mm512_set1_epi32(first));
-            high[i] = _mm512_dpbusd_epi32(high[i], hi, _mm512_set1_epi32(second));
-#else
-            const __m512i pairs = _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32(first)),
-                                                   _mm512_maddubs_epi16(hi, _mm512_set1_epi32(second)));
-            low[i] = _mm512_add_epi32(low[i], _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
-#endif
-            IN_REGISTERS(low[i]);
-            IN_REGISTERS(high[i]);
-        }
-    }
-    for (int i = 0; i < MC; i++)
-        dot[i] = _mm512_cvtepi32_ps(_mm512_add_epi32(low[i], high[i]));
-}
-#elif defined(ZENEDGE_AVX2)
-INLINE void group_dots8(const uint8_t *codes, const uint8_t *ahead, const int8_t *xq, int64_t K, int64_t m0,
-                        int64_t g, v16 *dot, const int MC) {
-    const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256i top[MAX_TILE], bottom[MAX_TILE];    /* rows 0-7, rows 8-15 */
-    for (int i = 0; i < MC; i++)
-        top[i] = bottom[i] = _mm256_setzero_si256();
-    for (int c = 0; c < 4; c++) {
-        const uint8_t *at = codes + (g * 4 + c) * 64;
-        PREFETCH_L2(ahead + (g * 4 + c) * 64);
-        const __m256i v0 = _mm256_loadu_si256((const __m256i *)at), v1 = _mm256_loadu_si256((const __m256i *)(at + 32));
-        const __m256i lo0 = _mm256_and_si256(v0, mask), hi0 = _mm256_and_si256(_mm256_srli_epi32(v0, 4), mask);
-        const __m256i lo1 = _mm256_and_si256(v1, mask), hi1 = _mm256_and_si256(_mm256_srli_epi32(v1, 4), mask);
-        for (int i = 0; i < MC; i++) {
-            int32_t first, second;
-            memcpy(&first, xq + (m0 + i) * K + g * 32 + c * 8, 4);
-            memcpy(&second, xq + (m0 + i) * K + g * 32 + c * 8 + 4, 4);
-            const __m256i a = _mm256_set1_epi32(first), b = _mm256_set1_epi32(second);
-            const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a), _mm256_maddubs_epi16(hi0, b));
-            const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a), _mm256_maddubs_epi16(hi1, b));
-            top[i] = _mm256_add_epi32(top[i], _mm256_madd_epi16(p0, ones));
-            bottom[i] = _mm256_add_epi32(bottom[i], _mm256_madd_epi16(p1, ones));
-            IN_REGISTERS(top[i]);
-            IN_REGISTERS(bottom[i]);
-        }
-    }
-    for (int i = 0; i < MC; i++)
-        dot[i] = (v16){_mm256_cvtepi32_ps(top[i]), _mm256_cvtepi32_ps(bottom[i])};
-}
-#else
-/* NEON and the scalar build: the portable loop (NEON's dot products are a later step) */
-INLINE void group_dots8(const uint8_t *codes, const uint8_t *ahead, const int8_t *xq, int64_t K, int64_t m0,
-                        int64_t g, v16 *dot, const int MC) {
-    portable_dots(codes, ahead, xq, K, m0, g, dot, MC, 8);
+/* The scalar build: the portable loop */
+INLINE void group_dots(const uint8_t *codes, const uint8_t *ahead, const void *xq, int64_t K, int64_t m0,
+                       int64_t g, v16 *dot, const int MC, const int BITS) {
+    portable_dots(codes, ahead, xq, K, m0, g, dot, MC, BITS);
 }
 #endif
 
@@ -278,10 +255,7 @@ INLINE void block(const uint8_t *codes, const uint8_t *ahead, const void *scale,
     for (int i = 0; i < MC; i++)
         acc[i] = v16_zero();
     for (int64_t g = 0; g < groups; g++) {
-        if (BITS == 8)
-            group_dots8(codes, ahead, (const int8_t *)x->codes, K, m0, g, dot, MC);
-        else
-            group_dots(codes, ahead, (const int16_t *)x->codes, K, m0, g, dot, MC);
+        group_dots(codes, ahead, x->codes, K, m0, g, dot, MC, BITS);
         end_group(acc, dot, group_scales(scale, g, KIND), group_scales(zero, g, KIND), x, groups, m0, g, MC, KIND);
     }
     for (int i = 0; i < MC; i++)
@@ -310,8 +284,8 @@ INLINE void all_blocks(const uint8_t *codes, const void *scale, const void *zero
     }
 }
 
-/* The product with scales of the given kind (SCALES_*), x rounded to `bits` (16: in PAIR's order
-   for group_dots; 8: in order for group_dots8); -2 also for a kind or bits it does not know */
+/* The product with scales of the given kind (SCALES_*), x rounded to BITS (16: in PAIR's order;
+   8: in order: group_dots); -2 also for a kind it does not know */
 INLINE int product(const float *x, const uint8_t *codes, const void *scale, const void *zero, float *y, int64_t M,
                    int64_t N, int64_t K, int64_t kind, const int BITS) {
     if (K % 64 || K > MAX_INPUTS || N % ROWS || kind < SCALES_BF16 || kind > SCALES_F32)

@@ -1,7 +1,7 @@
 /* Rows of x rounded to integers per group of 32 inputs, as the int4 and sign kernels multiply them:
  * d = max|x| / L per group, x̂ = round(x / d) to nearest even, x ≈ d·x̂, with L = 32767 (int16: the
  * int4 kernel, about 2e-5 of a product's size) or 127 (int8: the sign kernel, whose product α
- * scales down). Each row is rounded alone, so a row's numbers do not depend on its batch mates. A
+ * scales down, and the int4 kernel's x8 variant, about 5e-3). Each row is rounded alone, so a row's numbers do not depend on its batch mates. A
  * group holding a NaN or an infinity gets d = NaN (its products are NaN) and x̂ = 0.
  */
 #ifndef ZENEDGE_X_ROWS_H
