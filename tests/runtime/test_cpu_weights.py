@@ -52,12 +52,13 @@ def test_int8_activations_round_x_to_int8_where_set():
     deq = fast.dequantized().float()
     try:
         cpu_weights.set_activations("int8")
-        assert cpu_weights.int8_activations()
+        assert cpu_weights.rounds_inputs_to_int8("int4") and not cpu_weights.rounds_inputs_to_int8("full")
         coarse = fast.linear(x, None)
     finally:
         cpu_weights.set_activations("int16")
     torch.testing.assert_close(coarse, native.rounded(x, 8) @ deq.t(), rtol=1e-5, atol=1e-5)
     fine = fast.linear(x, None)
+    assert not cpu_weights.rounds_inputs_to_int8("int4")
     torch.testing.assert_close(fine, native.rounded(x, 16) @ deq.t(), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(coarse, fine, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="int16, int8"):

@@ -130,7 +130,7 @@ class QualityGate:
     def scorer(self) -> str:
         """What the losses were computed on; stored with anchors (for diagnosis)."""
         dtype = "bfloat16" if self._autocast else str(self.resident.dtype).replace("torch.", "")
-        x8 = "-x8" if self.resident.weights == "int4" and cpu_weights.int8_activations() else ""
+        x8 = "-x8" if cpu_weights.rounds_inputs_to_int8(self.resident.weights) else ""
         return f"{self.resident.device.type}-{dtype}{x8}"
 
     @property
@@ -445,7 +445,7 @@ class QualityGate:
         """log p at every position of the generic prompts under `variant` ([N, V]), and how many
         prompts each position stands for ([N]). The base's are read once per resident model: every
         proxy compares with them (again after `runtime.activations` changed: a reload)."""
-        rounding = cpu_weights.int8_activations()
+        rounding = cpu_weights.rounds_inputs_to_int8(self.resident.weights)
         cached = _BASE_LOG_PROBS.get(self.resident.model)
         if variant is None and cached is not None and cached[0] == rounding:
             return cached[1]

@@ -75,6 +75,12 @@ def int8_activations() -> bool:
     return _activations[0] == "int8"
 
 
+def rounds_inputs_to_int8(weights: str) -> bool:
+    """Whether a model whose `runtime.weights` format is `weights` multiplies x rounded to int8:
+    only NativeInt4Weight does, where the C kernels load (torch's int4 kernel takes bf16 x)."""
+    return weights == "int4" and int8_activations() and native.int4_gemm_x8() is not None
+
+
 class CpuWeight:
     """A matmul-only copy of an [out, in] weight: `linear(x, bias)` == F.linear(x, W, bias) up to
     the format's rounding."""
