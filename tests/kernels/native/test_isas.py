@@ -1,8 +1,8 @@
 """Every instruction set's build of the C kernels against the scalar reference, bit for bit.
 
-lanes.h and the kernels are written so that AVX-512 (with VNNI or not), AVX2, NEON and the portable scalar build
-round alike: a request decodes the same tokens on any laptop as on a server. Each build this CPU
-runs is compared here on every kernel; ARM64 NEON is compared under qemu (test_neon.py).
+lanes.h and the kernels are written so that AVX-512 (with VNNI or not), AVX2, NEON and the
+portable scalar build round alike: a request decodes the same tokens on any laptop as on a server.
+Each build this CPU runs is compared here on every kernel; ARM64 NEON is compared under qemu (test_neon.py).
 """
 
 from __future__ import annotations
