@@ -11,6 +11,7 @@
   kernels above (runtime/lean_llama.py), its rows on any mix of variants, and SiLU(gate)·up;
 - `lanes.h`: the 16-lane fp32 vector they are all written in, once per instruction set, and e^x;
 - `x_rows.h`: x rounded to int16 or int8 per group of 32, as the int4 and sign kernels multiply it;
+- `pool.c`: the threads the products split their output rows over (`set_threads`);
 - `kernels.h`: their C signatures (for decode_step.c, and the tests' C driver);
 - `cpu_features.c`: which instruction sets this CPU runs (built apart, with no such flags).
 
@@ -22,9 +23,10 @@ scalar build, and under qemu for ARM64.
 
 Every kernel sums a row of its input the same way whatever the other rows are, so a request
 decodes the same tokens alone as in a batch (torch's fp32 BLAS calls take other paths for one row).
-The kernels are single-threaded by design: a decode step is one call on one thread, with no
-barrier per operation for a core held by another process to stall (runtime/threads.py gives such
-steps one torch thread; parallelism across requests comes from batching their rows).
+The products (int4, the Q8_0 head, the sign slices) and the decode step's attention split their
+output rows over the calling thread's count (`set_threads`; pool.c: the caller and persistent
+workers taking chunks as they come free, so a worker on a busy core holds up little), each output
+summed by one thread: the count changes no bit. runtime/threads.py sets the count per forward.
 
 Nothing here is required: where the CPU runs none of those instruction sets, no compiler is found,
 the build or a self-test fails, or ZENEDGE_NATIVE_KERNELS=0, `library()` is None and callers keep
@@ -58,11 +60,11 @@ log = logging.getLogger("zenedge.kernels")
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("int4_gemv.c", "int8_gemv.c", "rms_norm.c", "decode_attention.c", "lora_add.c", "sign_add.c",
-                 "decode_step.c"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("lanes.h", "x_rows.h", "kernels.h"))
+                 "decode_step.c", "pool.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("lanes.h", "x_rows.h", "kernels.h", "pool.h"))
 PROBE = Path(__file__).with_name("cpu_features.c")
 # -ffp-contract=off: a multiply and an add stay two roundings, as the torch ops they stand for.
-FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-shared", "-fPIC")
+FLAGS = ("-O3", "-std=c11", "-ffp-contract=off", "-pthread", "-shared", "-fPIC")
 ISA_FLAGS = {
     "avx512vnni": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma", "-DZENEDGE_AVX512",
                    "-DZENEDGE_VNNI"),    # avx512 plus VPDPBUSD for the int8-activation product
@@ -103,6 +105,7 @@ _SIGNATURES = {
     "zenedge_silu_mul": [_P, _P, _I, _I],
     "zenedge_decode_step": [_P, _I, _P, _I, _P, _P, _P, _P, _P, _I],
 }
+_COUNTS = {"zenedge_set_threads": [_I], "zenedge_threads": []}     # pool.c: these return int64
 
 
 # decode_step.c's structures, field for field
@@ -468,6 +471,24 @@ def decode_step():
     return lib.zenedge_decode_step if lib is not None else None
 
 
+_short_of_threads: set[int] = set()
+
+
+def set_threads(threads: int) -> int:
+    """Make the kernels called from this thread split their outputs over `threads` threads (this
+    one included; 1: this thread alone): how many they will use. Fewer where workers could not be
+    started (said once per count); 1 where the kernels are off."""
+    lib = library()
+    if lib is None:
+        return 1
+    got = int(lib.zenedge_set_threads(threads))
+    if got < threads and threads not in _short_of_threads:
+        _short_of_threads.add(threads)
+        log.warning("the C kernels got %d of %d threads (the others could not be started): they run on %d", got,
+                    threads, got)
+    return got
+
+
 def _load():
     reason = None if paths.native_kernels_enabled() else "ZENEDGE_NATIVE_KERNELS=0"
     if reason is None and paths.c_compiler() is None:
@@ -502,6 +523,9 @@ def build(name: str):
     for function, argtypes in _SIGNATURES.items():
         kernel = getattr(lib, function)
         kernel.argtypes, kernel.restype = argtypes, ctypes.c_int
+    for function, argtypes in _COUNTS.items():
+        kernel = getattr(lib, function)
+        kernel.argtypes, kernel.restype = argtypes, ctypes.c_int64
     return lib
 
 

@@ -1,4 +1,4 @@
-/* A whole lean decode step of a Llama-family model's layers in one call, fp32, one CPU core.
+/* A whole lean decode step of a Llama-family model's layers in one call, fp32, on the CPU.
  *
  * Once the matmuls stream at memory speed, what is left of a step is glue: per layer some fifty
  * small torch ops and Python calls between the kernels (RMSNorm, the stacked q/k/v product, rope,
@@ -13,6 +13,11 @@
  * So a step gives bit for bit what lean_llama's Python step gives (a test says so), and a row's
  * numbers do not depend on the rows beside it: every kernel called sums each row alone.
  *
+ * The products, their sign slices and the attention split their outputs over the caller's threads
+ * (pool.c: zenedge_set_threads), each output summed by one thread as on one: the thread count
+ * changes no bit either. The glue (norms, rope, the cache writes, SiLU·up, LoRA slices) is small
+ * and stays on the calling thread.
+ *
  * The rows may serve different variants (a mixed batch): each product streams the base's int4
  * weights once for all n rows, then adds every variant's LoRA or 1-bit sign slices on the rows
  * that use it. No variant needs a weight copy of its own.
@@ -26,6 +31,8 @@
  */
 #include "kernels.h"
 #include "lanes.h"
+#include "pool.h"
+#include <stdatomic.h>
 
 #define MAX_SLICES 3   /* LoRA or sign slices a variant adds to one product (q, k, v) */
 
@@ -149,6 +156,31 @@ static void rope(float *x, int64_t n, int64_t heads, int64_t D, int64_t ld, cons
         }
 }
 
+/* The step's attention, for the threads (pool.c) to split by (row, KV head): each pair's queries
+   alone, as the kernel computes them in a whole call */
+typedef struct {
+    const float *qkv, *keys, *values;
+    const int64_t *lengths;
+    float *out;
+    int64_t H, H_kv, L, D, q_stride, batch_stride, head_stride;
+    float scale;
+    _Atomic int status;              /* the first failure, or 0 */
+} attention_job;
+
+static void attention_heads(const void *arg, int64_t begin, int64_t end) {
+    attention_job *a = (attention_job *)arg;
+    const int64_t G = a->H / a->H_kv;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t b = i / a->H_kv, j = i % a->H_kv;
+        const int status = zenedge_decode_attention(
+            a->qkv + b * a->q_stride + j * G * a->D, a->keys + b * a->batch_stride + j * a->head_stride,
+            a->values + b * a->batch_stride + j * a->head_stride, a->lengths + b, a->out + (b * a->H + j * G) * a->D, 1,
+            G, 1, a->L, a->D, a->q_stride, a->batch_stride, a->head_stride, a->scale);
+        if (status)
+            a->status = status;
+    }
+}
+
 static void add_into(float *x, const float *y, int64_t count) {
     for (int64_t i = 0; i < count; i += 16)
         v16_store_part(x + i, v16_add(v16_load_part(x + i, count - i), v16_load_part(y + i, count - i)), count - i);
@@ -187,8 +219,10 @@ int zenedge_decode_step(float *x, int64_t n, const zenedge_layer *layers, int64_
                 memcpy(L->keys + at, qkv + b * qkv_width + (H + j) * D, (size_t)D * sizeof(float));
                 memcpy(L->values + at, qkv + b * qkv_width + (H + H_kv + j) * D, (size_t)D * sizeof(float));
             }
-        if ((status = zenedge_decode_attention(qkv, L->keys, L->values, lengths, att, n, H, H_kv, length, D,
-                                               qkv_width, L->strides[0], L->strides[1], shape->attention_scale)))
+        attention_job heads = {qkv, L->keys, L->values, lengths, att, H, H_kv, length, D, qkv_width,
+                                     L->strides[0], L->strides[1], shape->attention_scale, 0};
+        zenedge_parallel(attention_heads, &heads, n * H_kv, 1);
+        if ((status = heads.status))
             break;
         if ((status = product(&L->o, att, y, n, g)))
             break;

@@ -1,4 +1,4 @@
-/* y = x·Wᵀ for weight-only int4 W, on one CPU core: the decode step's matmuls.
+/* y = x·Wᵀ for weight-only int4 W on the CPU: the decode step's matmuls.
  *
  * Decoding reads every weight once per token, so at one row this product is bound by memory and
  * the job is to keep up with it; at several rows (a batch of requests) the same weights serve
@@ -34,11 +34,13 @@
  * x fp32 [M, K] and y fp32 [M, N], row-major; N a multiple of 16; K a multiple of 64, at most
  * MAX_INPUTS. Blocks of W are independent, so a product over stacked weights is bit for bit the
  * products over its parts; each row of x is rounded and summed alone, so a row's product is the
- * same alone as in a batch. A group of x holding a NaN or an infinity gives NaN. Single-threaded.
+ * same alone as in a batch. A group of x holding a NaN or an infinity gives NaN. The blocks are split over
+ * the caller's threads (pool.c), each block on one thread: the split changes no bit.
  * Returns 0; -1 when it could not allocate its scratch, -2 for a shape it does not take (nothing
  * written then).
  */
 #include "x_rows.h"
+#include "pool.h"
 
 #define MAX_INPUTS 32768
 #define ROWS 16            /* rows of W per block: a v16's lanes */
@@ -262,12 +264,12 @@ INLINE void block(const uint8_t *codes, const uint8_t *ahead, const void *scale,
         v16_store(y + (m0 + i) * N + n, acc[i]);
 }
 
-/* One kind's pass over every block (KIND and BITS constant: each its own copy of the loop) */
-INLINE void all_blocks(const uint8_t *codes, const void *scale, const void *zero, const x_rows *rows, float *y,
-                       int64_t M, int64_t N, int64_t K, const int KIND, const int BITS) {
+/* One kind's pass over blocks b0..b1-1 (KIND and BITS constant: each its own copy of the loop) */
+INLINE void some_blocks(const uint8_t *codes, const void *scale, const void *zero, const x_rows *rows, float *y,
+                        int64_t M, int64_t N, int64_t K, int64_t b0, int64_t b1, const int KIND, const int BITS) {
     const int64_t block_bytes = ROWS * K / 2;
     const int64_t scale_bytes = ROWS * (K / 32) * (KIND == SCALES_F32 ? 4 : 2);
-    for (int64_t b = 0; b < N / ROWS; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         const uint8_t *c = codes + b * block_bytes;
         /* the blocks ahead, streamed into L2 while this one is used (the hardware prefetcher alone
            falls behind the stream); the last blocks prefetch themselves */
@@ -284,6 +286,25 @@ INLINE void all_blocks(const uint8_t *codes, const void *scale, const void *zero
     }
 }
 
+/* One product, for the threads (pool.c) to split by blocks of 16 output rows */
+typedef struct {
+    const uint8_t *codes;
+    const void *scale, *zero;
+    const x_rows *rows;
+    float *y;
+    int64_t M, N, K, kind, bits;
+} int4_job;
+
+static void int4_blocks(const void *arg, int64_t b0, int64_t b1) {
+    const int4_job *j = arg;
+#define BLOCKS(KIND, BITS) some_blocks(j->codes, j->scale, j->zero, j->rows, j->y, j->M, j->N, j->K, b0, b1, KIND, BITS)
+    if (j->bits == 8)
+        j->kind == SCALES_F32 ? BLOCKS(SCALES_F32, 8) : j->kind == SCALES_F16 ? BLOCKS(SCALES_F16, 8) : BLOCKS(SCALES_BF16, 8);
+    else
+        j->kind == SCALES_F32 ? BLOCKS(SCALES_F32, 16) : j->kind == SCALES_F16 ? BLOCKS(SCALES_F16, 16) : BLOCKS(SCALES_BF16, 16);
+#undef BLOCKS
+}
+
 /* The product with scales of the given kind (SCALES_*), x rounded to BITS (16: in PAIR's order;
    8: in order: group_dots); -2 also for a kind it does not know */
 INLINE int product(const float *x, const uint8_t *codes, const void *scale, const void *zero, float *y, int64_t M,
@@ -293,12 +314,8 @@ INLINE int product(const float *x, const uint8_t *codes, const void *scale, cons
     x_rows rows;
     if (x_rows_make(&rows, x, M, K, K, BITS, BITS == 8 ? NULL : PAIR))
         return -1;
-    if (kind == SCALES_F32)
-        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_F32, BITS);
-    else if (kind == SCALES_F16)
-        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_F16, BITS);
-    else
-        all_blocks(codes, scale, zero, &rows, y, M, N, K, SCALES_BF16, BITS);
+    const int4_job job = {codes, scale, zero, &rows, y, M, N, K, kind, BITS};
+    zenedge_parallel(int4_blocks, &job, N / ROWS, 1);
     x_rows_free(&rows);
     return 0;
 }

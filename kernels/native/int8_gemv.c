@@ -1,5 +1,5 @@
-/* y = x·Wᵀ for int8 W with one fp16 scale per 32 inputs (llama.cpp's Q8_0), fp32 x and y, one CPU
- * core: the output head of an int4 model.
+/* y = x·Wᵀ for int8 W with one fp16 scale per 32 inputs (llama.cpp's Q8_0), fp32 x and y, on the CPU:
+ * the output head of an int4 model (its blocks split over the caller's threads: pool.c).
  *
  * The head is the largest weight a decode step reads (SmolLM2-135M: 49152 × 576, 57 MB in bf16,
  * 45 % of the step's bytes). In this format it is 30 MB, and for a base that came from a GGUF
@@ -19,6 +19,7 @@
  * does not take (nothing written then).
  */
 #include "lanes.h"
+#include "pool.h"
 
 #define MAX_INPUTS 32768
 #define ROWS 16       /* rows of W per block: a v16's lanes */
@@ -60,15 +61,25 @@ INLINE void block(const int8_t *codes, const int8_t *ahead, const uint16_t *scal
         v16_store_part(y + (m0 + i) * N + n, acc[i], live);
 }
 
-int zenedge_int8_gemm(const float *x, const int8_t *codes, const uint16_t *scale, float *y, int64_t M,
-                      int64_t N, int64_t K) {
-    if (K % 32 || K > MAX_INPUTS)
-        return -2;
-    const int64_t blocks = (N + ROWS - 1) / ROWS, block_bytes = ROWS * K, block_scales = ROWS * (K / 32);
-    for (int64_t b = 0; b < blocks; b++) {
-        const int8_t *c = codes + b * block_bytes;
+/* One product, for the threads (pool.c) to split by blocks of 16 output rows */
+typedef struct {
+    const float *x;
+    const int8_t *codes;
+    const uint16_t *scale;
+    float *y;
+    int64_t M, N, K;
+} int8_job;
+
+static void int8_blocks(const void *arg, int64_t b0, int64_t b1) {
+    const int8_job *j = arg;
+    const int64_t M = j->M, N = j->N, K = j->K, blocks = (N + ROWS - 1) / ROWS, block_bytes = ROWS * K,
+                  block_scales = ROWS * (K / 32);
+    const float *x = j->x;
+    float *y = j->y;
+    for (int64_t b = b0; b < b1; b++) {
+        const int8_t *c = j->codes + b * block_bytes;
         const int8_t *ahead = b + BLOCKS_AHEAD < blocks ? c + BLOCKS_AHEAD * block_bytes : c;
-        const uint16_t *s = scale + b * block_scales;
+        const uint16_t *s = j->scale + b * block_scales;
         const int64_t live = N - b * ROWS;
         for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {
             switch (M - m0 >= MAX_TILE ? MAX_TILE : (int)(M - m0)) {
@@ -85,5 +96,13 @@ int zenedge_int8_gemm(const float *x, const int8_t *codes, const uint16_t *scale
             }
         }
     }
+}
+
+int zenedge_int8_gemm(const float *x, const int8_t *codes, const uint16_t *scale, float *y, int64_t M,
+                      int64_t N, int64_t K) {
+    if (K % 32 || K > MAX_INPUTS)
+        return -2;
+    const int8_job job = {x, codes, scale, y, M, N, K};
+    zenedge_parallel(int8_blocks, &job, (N + ROWS - 1) / ROWS, 1);
     return 0;
 }

@@ -4,6 +4,7 @@
 #define ZENEDGE_KERNELS_H
 #include <stdint.h>
 #include "x_rows.h"
+#include "pool.h"
 
 int zenedge_int4_gemm(const float *x, const uint8_t *codes, const uint16_t *scale, const uint16_t *zero,
                       float *y, int64_t M, int64_t N, int64_t K);

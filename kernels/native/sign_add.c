@@ -1,4 +1,5 @@
-/* y += α ⊙ (S·x) for a packed 1-bit BitDelta on the rows of a decode step, one CPU core.
+/* y += α ⊙ (S·x) for a packed 1-bit BitDelta on the rows of a decode step, on the CPU (its
+ * output columns split over the caller's threads: pool.c; the split changes no bit).
  *
  * A BitDelta variant is the base plus α[n]·S[n, k], S = ±1. Its decode product is the base's
  * (the int4 kernel, shared by every row of a step) plus this: the variant's sign bits, a quarter
@@ -26,6 +27,7 @@
  * scratch, -2 for a K it does not take (nothing written then).
  */
 #include "x_rows.h"
+#include "pool.h"
 
 #define MAX_INPUTS 32768
 #define BYTES_AHEAD 8192   /* the signs are streamed into L2 this far ahead */
@@ -205,27 +207,27 @@ INLINE void add_block(float *y, const float *alpha, const sums *a) {
    a row, read in order and streamed into L2 ahead (the hardware's prefetchers alone left the loads
    waiting on memory), and the group's tables stay in L1 while every block uses them. Each
    (S row, x row) sum still adds its groups in their order. */
-INLINE void rows_in_blocks_of(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
+INLINE void rows_in_blocks_of(const uint8_t *signs, int64_t K, int64_t N, int64_t ld, const x_rows *x, const float *alpha,
                               float *y, int64_t ldy, const int64_t M) {
     const int64_t groups = K / 32, width = N / BLOCK * BLOCK, lanes = BLOCK / 4;
-    for (int64_t at = 0; at < BYTES_AHEAD && at < K / 8 * N; at += 64)   /* the first reads, ahead of the loop's own */
+    for (int64_t at = 0; at < BYTES_AHEAD && at < K / 8 * ld; at += 64)   /* the first reads, ahead of the loop's own */
         PREFETCH_L2(signs + at);
     sums *acc = scratch((size_t)(M * width) * sizeof(float));       /* A [M, width], `lanes` per vector */
     if (!acc) {                            /* no memory for the accumulators: the reference steps */
-        rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, 0, N);
+        rows_one_by_one(signs, K, ld, x, alpha, y, ldy, M, 0, N);
         return;
     }
     for (int64_t i = 0; i < M * width / lanes; i++)
         acc[i] = sums_zero();
     for (int64_t g = 0; g < groups; g++)
         for (int64_t n = 0; n < width; n += BLOCK) {
-            const int64_t soon = 4 * (g * N + n) + BYTES_AHEAD;    /* about where the reads will be */
-            if (soon < K / 8 * N) {
+            const int64_t soon = 4 * (g * ld + n) + BYTES_AHEAD;    /* about where the reads will be */
+            if (soon < K / 8 * ld) {
                 PREFETCH_L2(signs + soon);
                 PREFETCH_L2(signs + soon + 64);
             }
             indices idx[8];
-            group_indices(signs, N, g, n, idx);
+            group_indices(signs, ld, g, n, idx);
             for (int64_t m = 0; m < M; m++)
                 add_group(idx, x->tables + (m * groups + g) * GROUP_TABLES, x->step[m * groups + g],
                           acc + (m * width + n) / lanes);
@@ -234,22 +236,22 @@ INLINE void rows_in_blocks_of(const uint8_t *signs, int64_t K, int64_t N, const 
         for (int64_t n = 0; n < width; n += BLOCK)
             add_block(y + m * ldy + n, alpha + n, acc + (m * width + n) / lanes);
     free(acc);
-    rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, width, N);
+    rows_one_by_one(signs, K, ld, x, alpha, y, ldy, M, width, N);
 }
 
 /* One row of x (a lone request's decode) gets its own copy of the loop: with M known, the block's
    index vectors stay in registers (about 0.8x the time on an AVX2 core: BENCHMARKS.md) */
-static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
+static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, int64_t ld, const x_rows *x, const float *alpha,
                            float *y, int64_t ldy, int64_t M) {
     if (M == 1)
-        rows_in_blocks_of(signs, K, N, x, alpha, y, ldy, 1);
+        rows_in_blocks_of(signs, K, N, ld, x, alpha, y, ldy, 1);
     else
-        rows_in_blocks_of(signs, K, N, x, alpha, y, ldy, M);
+        rows_in_blocks_of(signs, K, N, ld, x, alpha, y, ldy, M);
 }
 #else
-static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, const x_rows *x, const float *alpha,
+static void rows_in_blocks(const uint8_t *signs, int64_t K, int64_t N, int64_t ld, const x_rows *x, const float *alpha,
                            float *y, int64_t ldy, int64_t M) {
-    rows_one_by_one(signs, K, N, x, alpha, y, ldy, M, 0, N);
+    rows_one_by_one(signs, K, ld, x, alpha, y, ldy, M, 0, N);
 }
 #endif
 
@@ -270,11 +272,26 @@ int zenedge_sign_rows(x_rows *rows, const float *x, int64_t M, int64_t K, int64_
     return 0;
 }
 
+/* One sign slice, for the threads (pool.c) to split by output columns */
+typedef struct {
+    const x_rows *rows;
+    const uint8_t *signs;
+    const float *alpha;
+    float *y;
+    int64_t M, K, N, ldy;
+} sign_job;
+
+static void sign_columns(const void *arg, int64_t n0, int64_t n1) {
+    const sign_job *j = arg;
+    rows_in_blocks(j->signs + n0, j->K, n1 - n0, j->N, j->rows, j->alpha + n0, j->y + n0, j->ldy, j->M);
+}
+
 int zenedge_sign_add_rounded(const x_rows *rows, const uint8_t *signs, const float *alpha, float *y, int64_t M,
                              int64_t K, int64_t N, int64_t ldy) {
     if (K % 32 || K > MAX_INPUTS)
         return -2;
-    rows_in_blocks(signs, K, N, rows, alpha, y, ldy, M);
+    const sign_job job = {rows, signs, alpha, y, M, K, N, ldy};
+    zenedge_parallel(sign_columns, &job, N, 64);   /* whole vector blocks of S rows (32 or 16) per range */
     return 0;
 }
 

@@ -113,3 +113,23 @@ def test_a_batch_off_the_c_step_says_why_and_the_next_one_clears_it(int4_engine)
 
     assert "dense BitDelta copy" in run(["lora-a", "delta", "tiny"])     # the hot copy serves one row only
     assert run(["lora-a", "delta-packed", "tiny"]) is None
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_the_c_steps_thread_count_changes_no_bit(int4_engine, monkeypatch, count):
+    """The C kernels split each product's output rows, the sign slices' columns and the attention's
+    heads over the threads (kernels/native/pool.c); every output is summed by one thread in the same
+    order, so a mixed batch's logits are the same on one thread as on several."""
+    from zenedge.runtime import threads
+
+    resident = int4_engine.resident("tiny")
+    all_requests = requests_for(int4_engine)
+    variants = {name: r.variant for name, r in zip(NAMES, all_requests)}
+    requests = [GenerationRequest(all_requests[1].input_ids, variants[name], SamplingParams(max_tokens=10))
+                for name in MIXED]
+    logits = {}
+    for setting in (1, count):
+        monkeypatch.setattr(threads, "_policy", [threads.Policy(setting, "test")])
+        logits[setting], built = head_inputs(resident, requests, monkeypatch, fused=True)
+        assert all(built)
+    assert len(logits[1]) == 9 and all(torch.equal(a, b) for a, b in zip(logits[1], logits[count]))

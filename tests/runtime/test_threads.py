@@ -58,8 +58,10 @@ def test_auto_takes_the_cores_other_work_leaves_free(cores, load, lanes, expecte
     assert f"{expected} of {cores} cores" in decision.why
 
 
-def test_decode_steps_on_the_c_kernels_take_one_thread_and_a_fixed_count_wins():
-    assert choose(16, 0.0, 0, single_step=True).threads == 1
+def test_decode_steps_on_the_c_kernels_take_the_free_cores_and_a_fixed_count_wins():
+    assert choose(16, 0.0, 0, single_step=True).threads == 16
+    busy = choose(2, 1.0, 0, single_step=True)       # a core held by another process: one thread
+    assert busy.threads == 1 and "for the C kernels (torch 1)" in busy.why
     fixed = choose(16, 5.0, 3, setting=6, source="ZENEDGE_THREADS", single_step=True)
     assert (fixed.threads, fixed.why) == (6, "ZENEDGE_THREADS = 6")
 

@@ -50,7 +50,6 @@ import math
 import mmap
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -263,12 +262,9 @@ class NativeInt4Weight(CpuWeight):
         y = torch.empty((x.shape[0], self.rows), dtype=torch.float32)   # what the kernel writes
         held, pointers = self._weights                  # `held` keeps the weights alive for the call
         kernel = self._kernel_x8 if int8_activations() else self._kernel
-        rows, inputs, kind = self.rows, self.inputs, self.kind
-
-        def product(start, count):
-            if kernel(x[start].data_ptr(), *pointers, y[start].data_ptr(), count, rows, inputs, kind):
-                raise MemoryError("the int4 kernel could not allocate its scratch")
-        _over_rows(product, x.shape[0])
+        # the kernel splits its output rows over this thread's count (threads.pace sets it)
+        if kernel(x.data_ptr(), *pointers, y.data_ptr(), x.shape[0], self.rows, self.inputs, self.kind):
+            raise MemoryError("the int4 kernel could not allocate its scratch")
         return y if flat.dtype == torch.float32 else y.to(flat.dtype)
 
     TENSORS = ("codes", "scale", "zero")      # what `settle` moves and a resident file holds
@@ -403,10 +399,7 @@ class NativeInt8Weight(CpuWeight):
         y = torch.empty((x.shape[0], self.rows), dtype=torch.float32)
         kernel, codes, scale = self._kernel, self.codes, self.scale
 
-        def product(start, count):
-            kernel(x[start].data_ptr(), codes.data_ptr(), scale.data_ptr(), y[start].data_ptr(), count,
-                   self.rows, self.inputs)
-        _over_rows(product, x.shape[0])
+        kernel(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), x.shape[0], self.rows, self.inputs)
         return y if flat.dtype == torch.float32 else y.to(flat.dtype)
 
     def dequantized(self) -> torch.Tensor:
@@ -414,31 +407,6 @@ class NativeInt8Weight(CpuWeight):
         codes, scale = (t.transpose(1, 2).reshape(-1, t.shape[1])[:self.rows] for t in (self.codes, self.scale))
         groups = codes.float().view(self.rows, -1, self.GROUP) * scale.float()[..., None]
         return groups.view(self.rows, self.inputs)
-
-
-# Rows of x per thread below which a product stays on one thread: a decode step's few rows are
-# bound by streaming the weights once, and splitting them would read the weights once per thread.
-SPLIT_ROWS = 16
-_split_pool: "ThreadPoolExecutor | None" = None
-
-
-def _over_rows(product, rows: int) -> None:
-    """Run `product(start, count)` over the rows of x, split across torch's thread count for this
-    forward (threads.py sets it: 1 for a decode step, the free cores for a prefill or scoring).
-    Each row of x is rounded and summed alone by the C kernels, so the split changes no bit; the
-    kernels hold no GIL (ctypes releases it), so the parts run side by side."""
-    global _split_pool
-    parts = min(torch.get_num_threads(), rows // SPLIT_ROWS)
-    if parts <= 1:
-        product(0, rows)
-        return
-    if _split_pool is None or _split_pool._max_workers < parts - 1:
-        _split_pool = ThreadPoolExecutor(parts - 1, thread_name_prefix="zenedge-rows")
-    bounds = [rows * i // parts // 4 * 4 for i in range(parts)] + [rows]     # whole tiles of 4 rows
-    futures = [_split_pool.submit(product, bounds[i], bounds[i + 1] - bounds[i]) for i in range(1, parts)]
-    product(0, bounds[1])
-    for future in futures:
-        future.result()
 
 
 def _int4_quantized(weight: torch.Tensor, group: int):

@@ -5,17 +5,16 @@ every thread. When another process holds a core (a browser, a build, an indexer)
 for the thread that shares that core, so a 2-thread pool on a 2-core machine with one core busy
 made a merging import 2-3x slower than one thread (BENCHMARKS.md, "Threads on a busy machine").
 
-The policy, "auto" (the default):
-- a decode step whose products run in zenedge's C kernels (kernels/native/) gets 1 thread. Those
-  kernels are single-threaded by design (no barrier per op, and a row's sums never depend on how
-  work is split); torch's few ops in such a step are too small to split, and one thread decodes
-  as fast as two on a quiet machine.
-- everything else (prompt prefill, the quality gate's scoring batches, embeddings, a decode step
-  on torch's kernels) gets one thread per core that is free: the usable cores (physical cores,
-  CPU affinity, a cgroup quota, OMP_NUM_THREADS if set), less the cores' worth of CPU time other
-  processes took lately, less other threads of this process running forwards now. A core counts
-  as free while others take under FREE_MARGIN of it. The load is re-read at most every REFRESH
-  seconds, so a core that becomes busy costs at most that long at the wrong count.
+The policy, "auto" (the default): every forward (prompt prefill, a decode step, the quality
+gate's scoring batches, embeddings) gets one thread per core that is free: the usable cores
+(physical cores, CPU affinity, a cgroup quota, OMP_NUM_THREADS if set), less the cores' worth of
+CPU time other processes took lately, less other threads of this process running forwards now. A
+core counts as free while others take under FREE_MARGIN of it. The load is re-read at most every
+REFRESH seconds, so a core that becomes busy costs at most that long at the wrong count.
+The count goes to torch (`torch.set_num_threads`) and to zenedge's C kernels (kernels/native/,
+`set_threads`), which split a product's output rows over it. A decode step on the C kernels
+gives torch 1 thread: its few torch ops are too small to split, and the C kernels take chunks as
+threads come free (pool.c), so a core that turns busy mid-step holds up at most a chunk.
 `runtime.threads = N` in the config, or ZENEDGE_THREADS=N, sets N threads for everything instead.
 
 Work made of independent pieces (the gate's scoring batches, embedding batches) runs on lanes
@@ -77,11 +76,10 @@ def choose(cores: int, other_load: float, other_lanes: int, *, setting: int | No
 
     cores: usable cores; other_load: cores' worth of CPU other processes used lately;
     other_lanes: other threads of this process running forwards now; setting: a fixed count
-    (from `source`) or None for "auto"; single_step: a decode step on the C kernels."""
+    (from `source`) or None for "auto"; single_step: a decode step on the C kernels (the count is
+    the C kernels'; torch gets 1)."""
     if setting is not None:
         return Decision(setting, f"{source} = {setting}")
-    if single_step:
-        return Decision(1, "decode steps run in zenedge's C kernels, single-threaded by design")
     free = cores - other_load - other_lanes
     threads = max(1, min(cores, math.floor(free + FREE_MARGIN)))
     busy = []
@@ -89,7 +87,8 @@ def choose(cores: int, other_load: float, other_lanes: int, *, setting: int | No
         busy.append(f"{other_load:.1f} cores' worth busy with other processes")
     if other_lanes:
         busy.append(f"{other_lanes} running other work of this process")
-    return Decision(threads, f"{threads} of {cores} cores" + (f": {', '.join(busy)}" if busy else " free"))
+    why = f"{threads} of {cores} cores" + (f": {', '.join(busy)}" if busy else " free")
+    return Decision(threads, why + (", for the C kernels (torch 1)" if single_step else ""))
 
 
 def usable_cores(cap: int | None = None) -> tuple[int, str]:
@@ -171,26 +170,24 @@ class Policy:
         return sum(1 for thread, ended in self._running.items()
                    if thread != me and (ended == 0 or now - ended < RECENT))
 
-    def wide(self) -> Decision:
-        """The count for prefill, scoring, embeddings and torch-kernel decode steps now, in this
-        thread (the other processes' load is re-read at most every REFRESH seconds; this
-        process's other running forwards are counted at every call)."""
+    def wide(self, single_step: bool = False) -> Decision:
+        """The count for a forward now, in this thread (the other processes' load is re-read at
+        most every REFRESH seconds; this process's other running forwards are counted at every
+        call); single_step: a decode step on the C kernels (`choose`)."""
         now = self._clock()
         with self._lock:
             if self.setting is None and now - self._read_at >= REFRESH:
                 self._load, self._read_at = self._meter.read(), now
             lanes = self._other_lanes(threading.get_ident(), now)
-        return choose(self.cores, self._load, lanes, setting=self.setting, source=self.source)
+        return choose(self.cores, self._load, lanes, setting=self.setting, source=self.source, single_step=single_step)
 
     def decide(self, single_step: bool) -> Decision:
         if getattr(self._local, "lane", False):
             return Decision(1, "one of the lanes that share this work")
-        if single_step and self.setting is None:
-            return choose(self.cores, 0.0, 0, single_step=True)
-        return self.wide()
+        return self.wide(single_step)
 
     def begin(self, single_step: bool) -> None:
-        """A forward starts in this thread: set torch's count for it (`pace`). Forwards nest (the
+        """A forward starts in this thread: set torch's and the C kernels' counts for it (`pace`). Forwards nest (the
         gate's prefix states inside its batch): the outermost one counts."""
         depth = getattr(self._local, "depth", 0)
         self._local.depth = depth + 1
@@ -199,11 +196,15 @@ class Policy:
         with self._lock:
             self._running[threading.get_ident()] = 0.0
         threads = self.decide(single_step).threads
-        if getattr(self._local, "threads", None) != threads:
+        torch_threads = 1 if single_step and self.setting is None else threads
+        if getattr(self._local, "threads", None) != (threads, torch_threads):
             import torch
 
-            torch.set_num_threads(threads)     # this thread's OpenMP count (and MKL's)
-            self._local.threads = threads
+            from zenedge.kernels import native
+
+            torch.set_num_threads(torch_threads)   # this thread's OpenMP count (and MKL's)
+            native.set_threads(threads)            # the C kernels' count in this thread
+            self._local.threads = (threads, torch_threads)
 
     def end(self) -> None:
         self._local.depth -= 1

@@ -237,3 +237,43 @@ def test_models_the_kernels_cannot_serve_never_build_them():
             "print(native._loaded)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def _products_on(threads: int, lib, inputs: dict) -> list[torch.Tensor]:
+    """The int4, Q8_0-head and sign products of `inputs` on `threads` threads of the C kernels."""
+    assert native.set_threads(threads) == threads
+    try:
+        x, (codes, scale, zero), (head, head_scale), (signs, alpha) = (inputs[k] for k in ("x", "int4", "int8", "signs"))
+        rows, n = x.shape[0], scale.shape[0] * native.BLOCK_ROWS
+        int4, int8 = torch.empty(rows, n), torch.empty(rows, 1000)
+        assert lib.zenedge_int4_gemm(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), int4.data_ptr(),
+                                     rows, n, x.shape[1]) == 0
+        assert lib.zenedge_int8_gemm(x.data_ptr(), head.data_ptr(), head_scale.data_ptr(), int8.data_ptr(), rows, 1000,
+                                     x.shape[1]) == 0
+        added = torch.ones(rows, alpha.shape[0])
+        assert lib.zenedge_sign_add(x.data_ptr(), signs.data_ptr(), alpha.data_ptr(), added.data_ptr(), rows,
+                                    x.shape[1], alpha.shape[0], x.shape[1], alpha.shape[0]) == 0
+        return [int4, int8, added]
+    finally:
+        native.set_threads(1)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no native CPU kernels on this machine")
+def test_the_thread_count_changes_no_bit_of_a_product():
+    """pool.c splits output rows (int4 and Q8_0 blocks, sign columns) over the threads; each output
+    is summed by one thread as on one, so 1, 2 and 5 threads give the same bits."""
+    g = torch.Generator().manual_seed(3)
+    rows, inputs, outputs = 3, 256, 1040                        # 65 blocks of 16 rows; 1040 sign columns
+    q = torch.randint(0, 16, (outputs, inputs), generator=g, dtype=torch.uint8)
+    scale = (torch.rand(outputs, inputs // 32, generator=g) * 0.1).to(torch.bfloat16)
+    zero = (torch.randn(outputs, inputs // 32, generator=g) * 0.1).to(torch.bfloat16)
+    head = torch.randint(-127, 128, (1000, inputs), generator=g, dtype=torch.int8)
+    head_scale = (torch.rand(1000, inputs // 32, generator=g) * 0.01).half()
+    packed = torch.randint(0, 256, (outputs, inputs // 8), generator=g, dtype=torch.uint8)
+    made = {"x": torch.randn(rows, inputs, generator=g), "int4": native.int4_layout(q, scale, zero),
+            "int8": native.int8_layout(head, head_scale),
+            "signs": (packed.t().contiguous(), torch.rand(outputs, generator=g) * 0.01)}
+    lib = native.library()
+    one = _products_on(1, lib, made)
+    for threads in (2, 5):
+        assert all(torch.equal(a, b) for a, b in zip(one, _products_on(threads, lib, made)))
