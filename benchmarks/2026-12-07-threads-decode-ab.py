@@ -1,7 +1,6 @@
 # Run from the repository root with ZENEDGE_HOME/ZENEDGE_CONFIG set: python benchmarks/2026-12-07-threads-decode-ab.py BASE TOKENS ROUNDS COUNTS (e.g. s17-q4-0 48 2 1,2; 0 = auto).
 """A/B: decode tok/s of one base row at C-kernel threads 1 vs 2, interleaved, one process (first token excluded)."""
 import sys, time
-from pathlib import Path
 from zenedge import config, paths
 from zenedge.store.store import Store
 from zenedge.runtime.engine import Engine
