@@ -203,15 +203,20 @@ INLINE void add_block(float *y, const float *alpha, const sums *a) {
 #endif
 
 #if defined(ZENEDGE_AVX2) || defined(ZENEDGE_AVX512) || defined(ZENEDGE_NEON)
-/* Group by group, and within a group block by block of BLOCK rows: a group's bytes are 4·N bytes in
-   a row, read in order and streamed into L2 ahead (the hardware's prefetchers alone left the loads
-   waiting on memory), and the group's tables stay in L1 while every block uses them. Each
-   (S row, x row) sum still adds its groups in their order. */
+/* Group by group, and within a group block by block of BLOCK rows: a group's bytes are 4 input-byte
+   rows of `width` bytes each (a strip of the ld-wide rows when the columns are split over threads),
+   read in order and streamed into L2 some groups ahead (the hardware's prefetchers alone left the
+   loads waiting on memory; the strip's own addresses, not the whole rows': a linear guess fetched
+   other threads' columns and left each thread waiting), and the group's tables stay in L1 while
+   every block uses them. Each (S row, x row) sum still adds its groups in their order. */
 INLINE void rows_in_blocks_of(const uint8_t *signs, int64_t K, int64_t N, int64_t ld, const x_rows *x, const float *alpha,
                               float *y, int64_t ldy, const int64_t M) {
     const int64_t groups = K / 32, width = N / BLOCK * BLOCK, lanes = BLOCK / 4;
-    for (int64_t at = 0; at < BYTES_AHEAD && at < K / 8 * ld; at += 64)   /* the first reads, ahead of the loop's own */
-        PREFETCH_L2(signs + at);
+    const int64_t ahead = BYTES_AHEAD / (4 * N) > 1 ? BYTES_AHEAD / (4 * N) : 1;   /* groups */
+    for (int64_t g = 0; g < ahead && g < groups; g++)      /* the first reads, ahead of the loop's own */
+        for (int b = 0; b < 4; b++)
+            for (int64_t at = 0; at < N; at += 64)
+                PREFETCH_L2(signs + (g * 4 + b) * ld + at);
     sums *acc = scratch((size_t)(M * width) * sizeof(float));       /* A [M, width], `lanes` per vector */
     if (!acc) {                            /* no memory for the accumulators: the reference steps */
         rows_one_by_one(signs, K, ld, x, alpha, y, ldy, M, 0, N);
@@ -221,11 +226,9 @@ INLINE void rows_in_blocks_of(const uint8_t *signs, int64_t K, int64_t N, int64_
         acc[i] = sums_zero();
     for (int64_t g = 0; g < groups; g++)
         for (int64_t n = 0; n < width; n += BLOCK) {
-            const int64_t soon = 4 * (g * ld + n) + BYTES_AHEAD;    /* about where the reads will be */
-            if (soon < K / 8 * ld) {
-                PREFETCH_L2(signs + soon);
-                PREFETCH_L2(signs + soon + 64);
-            }
+            if (g + ahead < groups && n % 64 == 0)    /* the same columns, `ahead` groups on */
+                for (int b = 0; b < 4; b++)
+                    PREFETCH_L2(signs + ((g + ahead) * 4 + b) * ld + n);
             indices idx[8];
             group_indices(signs, ld, g, n, idx);
             for (int64_t m = 0; m < M; m++)
