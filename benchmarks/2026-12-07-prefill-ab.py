@@ -11,22 +11,24 @@ counts = [int(c) for c in sys.argv[4].split(",")]
 engine = Engine(Store(paths.home()), config.load())
 sentence = "The keeper climbed the stairs at dusk and lit the lamp for the ships. "
 params = SamplingParams(max_tokens=1, temperature=0.0)
-def run(count, words):
-    threads._policy[:] = [threads.Policy(count or None, "pp")]
-    prompt = Prompt(messages=[{"role": "user", "content": sentence * words}])
+def prompt_of(sentences):
+    return Prompt(messages=[{"role": "user", "content": sentence * sentences}])
+def run(count, sentences):
+    policy = threads.configure(count or "auto")   # what the config's runtime.threads gives
+    if not count:                        # let "auto" take its first reading of the load
+        policy.wide(); time.sleep(0.3)
     start = time.perf_counter()
-    for _ in engine.stream(base, prompt, params):
+    for _ in engine.stream(base, prompt_of(sentences), params):
         break
     return time.perf_counter() - start
-# size the prompt: ~15 tokens per sentence; the engine's tokenizer says the real count
 tokenizer = engine.resident(base).tokenizer
-words = 1
-while len(Prompt(messages=[{"role": "user", "content": sentence * words}]).encode(tokenizer)) < target:
-    words += 1
-n = len(Prompt(messages=[{"role": "user", "content": sentence * words}]).encode(tokenizer))
+sentences, n = 1, len(prompt_of(1).encode(tokenizer))
+while n < target:                        # the fewest sentences whose chat template reaches `target` tokens
+    sentences += 1
+    n = len(prompt_of(sentences).encode(tokenizer))
 print(f"prompt: {n} tokens", flush=True)
-run(1, 2)
+run(1, 2)                                # warm-up
 for r in range(rounds):
     for c in counts:
-        dt = run(c, words)
+        dt = run(c, sentences)
         print(f"round {r} threads {c or 'auto'}: {n} tokens in {dt:.2f} s = {n / dt:.1f} tok/s", flush=True)

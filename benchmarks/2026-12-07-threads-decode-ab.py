@@ -14,8 +14,9 @@ engine = Engine(Store(paths.home()), cfg)
 prompt = Prompt(messages=[{"role": "user", "content": "Write a long story about a lighthouse keeper."}])
 params = SamplingParams(max_tokens=tokens, temperature=0.0)
 def run(count):
-    threads._policy[:] = [threads.Policy(count or None, "ab")]
-    if not count: threads.policy().wide(); time.sleep(0.3)
+    policy = threads.configure(count or "auto")   # what the config's runtime.threads gives
+    if not count:                        # let "auto" take its first reading of the load
+        policy.wide(); time.sleep(0.3)
     stamps = [time.perf_counter() for _ in engine.stream(base, prompt, params)]
     return len(stamps) - 1, stamps[-1] - stamps[0]
 run(1)
